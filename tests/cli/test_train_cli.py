@@ -1,0 +1,106 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+from conftest import create_dataset
+
+TINY = [
+    "dataset.id=test/tiny-v0",
+    "dataset.n_bins=12",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.embedding_dim=16",
+    "model.sequence_transitions=3",
+    "trainer.batch_size=8",
+    "trainer.log_every=2",
+    "device=cpu",
+]
+
+
+def tt_train(*overrides, run_dir, check=True):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trajectory_transformer.train",
+            *TINY,
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=120,
+        check=check,
+    )
+
+
+def test_train_then_resume_from_the_command_line(tmp_path):
+    create_dataset("test/tiny-v0")
+    done = tt_train("trainer.max_steps=6", run_dir=tmp_path / "run")
+    assert "trained 6 steps" in done.stdout, done.stdout + done.stderr
+    assert "round-trip error" in done.stdout
+    payload = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert payload["training"]["finished"] and payload["training"]["step"] == 6
+    assert payload["config"]["dataset"]["id"] == "test/tiny-v0"
+    assert payload["dataset"]["eval_env_id"] == "Pendulum-v1"
+
+    resumed = tt_train(
+        "trainer.max_steps=6",
+        f"resume={tmp_path / 'run' / 'checkpoint.pt'}",
+        run_dir=tmp_path / "again",
+    )
+    assert "resumed from" in resumed.stdout and "at step 6/6" in resumed.stdout
+
+
+def test_resume_with_another_model_shape_says_what_differs(tmp_path):
+    create_dataset("test/tiny-v0")
+    tt_train("trainer.max_steps=2", run_dir=tmp_path / "run")
+    result = tt_train(
+        "trainer.max_steps=2",
+        "model.embedding_dim=32",
+        f"resume={tmp_path / 'run' / 'checkpoint.pt'}",
+        run_dir=tmp_path / "b",
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "model.embedding_dim: checkpoint 16, now 32" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_dataset_is_one_clear_message(tmp_path):
+    result = tt_train("dataset.id=nobody/nothing-v0", run_dir=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "nobody/nothing-v0" in result.stderr and "tt-collect" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_ctrl_c_writes_a_checkpoint_to_resume_from(tmp_path):
+    create_dataset("test/tiny-v0")
+    command = [
+        sys.executable,
+        "-m",
+        "trajectory_transformer.train",
+        *TINY,
+        "trainer.max_steps=1000000",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
+    try:
+        for line in process.stdout:  # wait until training has started
+            if line.startswith("model:"):
+                break
+        time.sleep(1.5)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, stderr
+    assert "resume=" in stderr
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["training"]
+    assert state["step"] > 0 and not state["finished"]

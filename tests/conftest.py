@@ -1,0 +1,98 @@
+"""Shared fixtures: an isolated Minari folder and tiny datasets made on the spot."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import minari
+import numpy as np
+import pytest
+from minari.data_collector import EpisodeBuffer
+
+
+@pytest.fixture(autouse=True)
+def minari_dir(tmp_path_factory, monkeypatch):
+    """Every test sees its own empty Minari folder, never ~/.minari."""
+    path = tmp_path_factory.mktemp("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(path))
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    return path
+
+
+def make_episode(
+    rng: np.random.Generator,
+    length: int,
+    obs_dim: int,
+    act_dim: int,
+    *,
+    terminated: bool,
+    seed: int,
+) -> EpisodeBuffer:
+    terminations = np.zeros(length, dtype=bool)
+    truncations = np.zeros(length, dtype=bool)
+    if terminated:
+        terminations[-1] = True
+    else:
+        truncations[-1] = True
+    return EpisodeBuffer(
+        id=seed,
+        seed=seed,
+        observations=rng.uniform(-1, 1, (length + 1, obs_dim)).astype(np.float32),
+        actions=rng.uniform(-1, 1, (length, act_dim)).astype(np.float32),
+        rewards=rng.normal(size=length).astype(np.float64),
+        terminations=terminations,
+        truncations=truncations,
+    )
+
+
+def create_dataset(
+    dataset_id: str,
+    *,
+    episodes: int = 6,
+    length: int = 12,
+    obs_dim: int = 3,
+    act_dim: int = 1,
+    terminated_every: int = 2,
+    seed: int = 0,
+    observation_space: gym.Space | None = None,
+    buffers: list[EpisodeBuffer] | None = None,
+    env: str | None = "Pendulum-v1",
+    ref_scores: tuple[float, float] | None = (-1200.0, -150.0),
+) -> minari.MinariDataset:
+    """A small random dataset (every `terminated_every`-th episode terminates)."""
+    rng = np.random.default_rng(seed)
+    if buffers is None:
+        buffers = [
+            make_episode(
+                rng,
+                length + i % 3,
+                obs_dim,
+                act_dim,
+                terminated=(i % terminated_every == 0),
+                seed=i,
+            )
+            for i in range(episodes)
+        ]
+    obs_space = observation_space or gym.spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+    kwargs = {}
+    if ref_scores is not None:
+        kwargs = {"ref_min_score": ref_scores[0], "ref_max_score": ref_scores[1]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return minari.create_dataset_from_buffers(
+            dataset_id,
+            buffers,
+            env=env,
+            observation_space=obs_space,
+            action_space=gym.spaces.Box(-2.0, 2.0, (act_dim,), np.float32),
+            algorithm_name="random",
+            description="test data",
+            **kwargs,
+        )
+
+
+@pytest.fixture
+def tiny_dataset():
+    """A 3-obs, 1-act dataset named like a user's own: `test/tiny-v0`."""
+    return create_dataset("test/tiny-v0")

@@ -1,0 +1,26 @@
+import numpy as np
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.windows import TokenWindows
+
+
+def test_windows_stay_in_their_episode_and_mask_padding():
+    lengths = np.array([3, 5])
+    transitions = np.arange(8 * 2, dtype=np.float32).reshape(8, 2)
+    discretizer = Discretizer.fit(transitions, 16, "uniform")
+    windows = TokenWindows(transitions, lengths, discretizer, sequence_transitions=4)
+    assert len(windows) == 8
+    all_tokens = discretizer.encode(torch.as_tensor(transitions))
+
+    tokens, mask = windows.batch(torch.tensor([1, 3, 7]))
+    assert tokens.shape == (3, 8) and mask.shape == (3, 8)
+    # Window 1: episode 0 steps 1, 2, then two padded transitions.
+    assert torch.equal(tokens[0, :4], all_tokens[1:3].flatten())
+    assert mask[0].tolist() == [True] * 4 + [False] * 4
+    # Window 3: episode 1 steps 0..3, no padding.
+    assert torch.equal(tokens[1], all_tokens[3:7].flatten())
+    assert mask[1].all()
+    # Window 7: the last step of episode 1, then padding (never the start of another episode).
+    assert torch.equal(tokens[2, :2], all_tokens[7])
+    assert mask[2].tolist() == [True] * 2 + [False] * 6

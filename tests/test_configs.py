@@ -1,0 +1,70 @@
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError
+
+from trajectory_transformer.cli.common import CONFIG_DIR
+from trajectory_transformer.config import ConfigError, reject_unknown_keys
+
+DATASET_CONFIGS = sorted(p.stem for p in (Path(CONFIG_DIR) / "dataset").glob("*.yaml"))
+
+
+def compose_train(*overrides):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    reject_unknown_keys(cfg)
+    return cfg
+
+
+def test_every_dataset_config_is_there():
+    expected = {
+        f"pendulum-{q}" for q in ("random", "medium", "expert", "medium-replay", "medium-expert")
+    }
+    expected |= {
+        f"{env}-{q}"
+        for env in ("halfcheetah", "hopper", "walker2d")
+        for q in ("simple", "medium", "expert")
+    }
+    assert set(DATASET_CONFIGS) == expected
+
+
+@pytest.mark.parametrize("name", DATASET_CONFIGS)
+def test_every_dataset_config_composes(name):
+    cfg = compose_train(f"dataset={name}")
+    env, _, quality = name.partition("-")
+    if env == "pendulum":
+        assert cfg.dataset.id == f"pendulum/{quality}-v0"
+        assert cfg.model.embedding_dim == 64  # the demo-sized model
+    else:
+        assert cfg.dataset.id == f"mujoco/{env}/{quality}-v0"
+        # The paper's settings for the MuJoCo datasets.
+        assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.embedding_dim) == (4, 4, 128)
+        assert cfg.trainer.batch_size == 256 and cfg.trainer.learning_rate == 6e-4
+        assert cfg.trainer.max_steps is None and cfg.trainer.reference_epochs == 50
+    assert cfg.dataset.n_bins == 100 and cfg.dataset.discretizer == "quantile"
+    assert cfg.dataset.terminal_penalty == -100.0 and cfg.dataset.discount == 0.99
+
+
+def test_command_line_beats_the_dataset_defaults():
+    cfg = compose_train("dataset=hopper-medium", "model.embedding_dim=32", "model=demo")
+    assert cfg.model.embedding_dim == 32 and cfg.model.n_layer == 3
+
+
+def test_any_minari_id_can_be_named_directly():
+    cfg = compose_train("dataset.id=D4RL/door/human-v2", "dataset.download=true")
+    assert cfg.dataset.id == "D4RL/door/human-v2" and cfg.dataset.download is True
+
+
+@pytest.mark.parametrize(
+    "override", ["trainer.learning_rat=1e-3", "+model.width=3", "+bogus=1", "bogus=1"]
+)
+def test_unknown_keys_are_rejected(override):
+    with pytest.raises((ConfigCompositionException, ConfigKeyError, ConfigError)):
+        compose_train(override)
+
+
+def test_wrong_types_are_rejected():
+    with pytest.raises(ConfigCompositionException):
+        compose_train("trainer.batch_size=lots")

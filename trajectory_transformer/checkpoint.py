@@ -1,0 +1,123 @@
+"""One checkpoint file holds everything needed to reuse a model.
+
+Weights, model shape, discretizer, dataset metadata and the resolved run config, plus the
+training state (optimiser, position, RNG) for resuming. Only tensors and plain Python values
+are stored, so `torch.load(path, weights_only=True)` reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used here; the message says what differs."""
+
+
+@dataclass
+class Checkpoint:
+    model: TrajectoryGPT
+    discretizer: Discretizer
+    dataset: DatasetInfo
+    config: dict  # the resolved run config
+    training: dict | None  # optimiser and progress; None in a weights-only export
+    path: Path | None = None
+
+
+def build_payload(
+    model: TrajectoryGPT,
+    discretizer: Discretizer,
+    dataset: DatasetInfo,
+    config: dict,
+    training: dict | None,
+) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": asdict(model.config),
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "discretizer": discretizer.state_dict(),
+        "dataset": dataset.to_dict(),
+        "config": config,
+        "training": training,
+    }
+
+
+def save_atomic(payload: dict, path: str | os.PathLike) -> Path:
+    """Write to a temporary file in the same folder, then rename: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_payload(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(
+            f"no checkpoint at {path}; training writes one as <run dir>/checkpoint.pt."
+        )
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    version = payload.get("format_version") if isinstance(payload, dict) else None
+    if version != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} is not a trajectory-transformer checkpoint of format {FORMAT_VERSION} "
+            f"(found {version!r})."
+        )
+    return payload
+
+
+def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> Checkpoint:
+    """Load a checkpoint's model (in eval mode, on `device`) and everything that goes with it."""
+    payload = read_payload(path)
+    model = TrajectoryGPT(GPTConfig(**payload["model_config"]))
+    model.load_state_dict(payload["model"])
+    model.to(device).eval()
+    return Checkpoint(
+        model=model,
+        discretizer=Discretizer.from_state_dict(payload["discretizer"]).to(device),
+        dataset=DatasetInfo(**payload["dataset"]),
+        config=payload["config"],
+        training=payload["training"],
+        path=Path(path),
+    )
+
+
+def check_compatible(payload: dict, model_config: GPTConfig, dataset: DatasetInfo) -> None:
+    """Refuse a checkpoint made for another dataset or model shape, listing what differs."""
+    differences = []
+    saved_model = payload["model_config"]
+    for key, value in asdict(model_config).items():
+        if saved_model.get(key) != value:
+            differences.append(f"model.{key}: checkpoint {saved_model.get(key)!r}, now {value!r}")
+    saved_data = payload["dataset"]
+    for key in ("dataset_id", "observation_dim", "action_dim", "num_transitions"):
+        if saved_data.get(key) != getattr(dataset, key):
+            differences.append(
+                f"dataset.{key}: checkpoint {saved_data.get(key)!r}, now {getattr(dataset, key)!r}"
+            )
+    if differences:
+        raise CheckpointError(
+            "the checkpoint was made for another dataset or model shape:\n  "
+            + "\n  ".join(differences)
+            + "\nResume with the same dataset and model settings, or start a new run."
+        )

@@ -1,0 +1,132 @@
+"""`tt-train`: fit a Trajectory Transformer to a Minari dataset and write checkpoint.pt."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from trajectory_transformer.checkpoint import (
+    build_payload,
+    check_compatible,
+    read_payload,
+    save_atomic,
+)
+from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resolve_device
+from trajectory_transformer.config import TrainConfig, to_container
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.episodes import joint_transitions
+from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.data.windows import TokenWindows
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.training.trainer import Trainer
+
+
+def describe_discretizer(discretizer: Discretizer, transitions: np.ndarray, obs: int, act: int):
+    error = discretizer.reconstruction_error(transitions)
+    names = [f"obs{i}" for i in range(obs)] + [f"act{i}" for i in range(act)] + ["rew", "val"]
+    cells = " ".join(f"{n}={e:.2%}" for n, e in zip(names, error, strict=True))
+    print(
+        f"discretizer ({discretizer.strategy}, {discretizer.n_bins} bins) round-trip error "
+        f"per dimension, relative to its range: {cells}"
+    )
+
+
+def make_wandb_logger(cfg: TrainConfig, config: dict, run_dir: Path):
+    if cfg.wandb.mode == "disabled":
+        return None, None
+    import wandb
+
+    run = wandb.init(
+        mode=cfg.wandb.mode,
+        project=cfg.wandb.project,
+        entity=cfg.wandb.entity,
+        name=cfg.wandb.name,
+        config=config,
+        dir=str(run_dir),
+    )
+    return (lambda metrics, step: run.log(metrics, step=step)), run
+
+
+def train(cfg: TrainConfig) -> Path:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    device = resolve_device(cfg.device)
+    config = to_container(cfg)
+    torch.manual_seed(cfg.seed)
+
+    episodes, info = load_episodes(cfg.dataset.id, cfg.dataset.download, cfg.dataset.env_id)
+    transitions = joint_transitions(episodes, cfg.dataset.discount, cfg.dataset.terminal_penalty)
+    print(
+        f"dataset {info.dataset_id}: {info.num_episodes} episodes, {info.num_transitions} "
+        f"transitions, obs {info.observation_dim} dims, act {info.action_dim} dims, "
+        f"mean return {episodes.episode_returns().mean():.1f}"
+    )
+
+    resume = read_payload(cfg.resume) if cfg.resume else None
+    if resume is not None:
+        discretizer = Discretizer.from_state_dict(resume["discretizer"])
+    else:
+        discretizer = Discretizer.fit(transitions, cfg.dataset.n_bins, cfg.dataset.discretizer)
+    describe_discretizer(discretizer, transitions, info.observation_dim, info.action_dim)
+
+    model_config = GPTConfig(
+        observation_dim=info.observation_dim,
+        action_dim=info.action_dim,
+        n_bins=discretizer.n_bins,
+        sequence_transitions=cfg.model.sequence_transitions,
+        n_layer=cfg.model.n_layer,
+        n_head=cfg.model.n_head,
+        embedding_dim=cfg.model.embedding_dim,
+        dropout=cfg.model.dropout,
+    )
+    windows = TokenWindows(
+        transitions, episodes.lengths, discretizer, model_config.sequence_transitions
+    )
+    model = TrajectoryGPT(model_config).to(device)
+    checkpoint_path = run_dir / "checkpoint.pt"
+
+    def save(training_state: dict) -> Path:
+        payload = build_payload(model, discretizer, info, config, training_state)
+        return save_atomic(payload, checkpoint_path)
+
+    log, wandb_run = make_wandb_logger(cfg, config, run_dir)
+    trainer = Trainer(model, windows, cfg.trainer, save, seed=cfg.seed, log=log)
+    if resume is not None:
+        check_compatible(resume, model_config, info)
+        model.load_state_dict(resume["model"])
+        trainer.load_state(resume["training"])
+        print(f"resumed from {cfg.resume} at step {trainer.step}/{trainer.total_steps}")
+    print(
+        f"model: {model.num_parameters():,} parameters, block {model_config.block_size} tokens; "
+        f"{trainer.total_steps} steps planned ({trainer.epochs} epochs of "
+        f"{trainer.steps_per_epoch} steps) on {device}; run dir {run_dir}"
+    )
+    try:
+        summary = trainer.train()
+    except KeyboardInterrupt:
+        print(
+            f"\ninterrupted at step {trainer.step}: checkpoint written to {checkpoint_path}; "
+            f"continue with `tt-train <same overrides> resume={checkpoint_path}`",
+            file=sys.stderr,
+        )
+        sys.exit(130)
+    finally:
+        if wandb_run is not None:
+            wandb_run.finish()
+    print(summary.line())
+    return summary.checkpoint
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Minari datasets: find (or build, or download) one by id and turn it into `Episodes`."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+
+import gymnasium as gym
+import minari
+import numpy as np
+
+from trajectory_transformer.data import pendulum
+from trajectory_transformer.data.episodes import Episodes
+
+
+class DatasetError(ValueError):
+    """A dataset cannot be used; the message says why and what to do next."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a checkpoint needs to know about the data it was trained on."""
+
+    dataset_id: str
+    eval_env_spec: str | None  # gymnasium EnvSpec as JSON, or None when the dataset has none
+    eval_env_id: str | None
+    observation_dim: int
+    action_dim: int
+    action_low: list[float]
+    action_high: list[float]
+    ref_min_score: float | None
+    ref_max_score: float | None
+    num_episodes: int
+    num_transitions: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def make_env(self, **kwargs) -> gym.Env:
+        """The evaluation environment of this dataset."""
+        if self.eval_env_spec is not None:
+            return gym.make(gym.envs.registration.EnvSpec.from_json(self.eval_env_spec), **kwargs)
+        if self.eval_env_id is None:
+            raise DatasetError(
+                f"dataset {self.dataset_id!r} names no environment; pass one with "
+                "`dataset.env_id=<gymnasium id>`."
+            )
+        return gym.make(self.eval_env_id, **kwargs)
+
+
+def local_dataset_ids() -> list[str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sorted(minari.list_local_datasets())
+
+
+def load_minari(dataset_id: str, download: bool = False) -> minari.MinariDataset:
+    """Open a dataset: local first, then the embedded builders, then a download if allowed."""
+    local = local_dataset_ids()
+    if dataset_id in local:
+        return minari.load_dataset(dataset_id)
+    if pendulum.is_embedded(dataset_id):
+        return pendulum.build_embedded_dataset(dataset_id)
+    if download:
+        try:
+            minari.download_dataset(dataset_id)
+        except Exception as error:  # network, auth and "no such remote id" all end up here
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise DatasetError(
+                f"could not download Minari dataset {dataset_id!r}: {reason}. Downloads need "
+                "network access to the Minari remote; offline, copy the dataset into "
+                f"{minari.storage.get_dataset_path()} or train on an embedded one "
+                f"({', '.join(pendulum.EMBEDDED_DATASETS)})."
+            ) from None
+        return minari.load_dataset(dataset_id)
+    shown = ", ".join(local) if local else "none"
+    raise DatasetError(
+        f"Minari dataset {dataset_id!r} is not available locally "
+        f"(looked in {minari.storage.get_dataset_path()}). Local datasets: {shown}. "
+        f"Embedded datasets, built on demand: {', '.join(pendulum.EMBEDDED_DATASETS)} "
+        "(or all at once with `tt-collect`). To fetch a remote one, run with "
+        f"`dataset.id={dataset_id} dataset.download=true` (needs network access)."
+    )
+
+
+def check_spaces(dataset_id: str, observation_space: gym.Space, action_space: gym.Space) -> None:
+    """Refuse the spaces a flat token model cannot represent, with the reason."""
+    for role, space in (("observation", observation_space), ("action", action_space)):
+        if not isinstance(space, gym.spaces.Box):
+            raise DatasetError(
+                f"dataset {dataset_id!r} has a {type(space).__name__} {role} space; only flat "
+                f"Box {role}s are supported, since every dimension becomes one token."
+            )
+        if len(space.shape) != 1:
+            raise DatasetError(
+                f"dataset {dataset_id!r} has {role}s of shape {space.shape}; only flat (1-D) "
+                f"Box {role}s are supported (images would need thousands of tokens per step)."
+            )
+
+
+def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
+    """Concatenate every episode of a Minari dataset; terminations and truncations kept apart."""
+    dataset_id = dataset.spec.dataset_id
+    check_spaces(dataset_id, dataset.observation_space, dataset.action_space)
+    observations, actions, rewards, terminated, truncated, lengths, ids = [], [], [], [], [], [], []
+    for episode in dataset.iterate_episodes():
+        n = len(episode.rewards)
+        if n == 0:
+            continue
+        observations.append(np.asarray(episode.observations[:n], dtype=np.float32))
+        actions.append(np.asarray(episode.actions, dtype=np.float32).reshape(n, -1))
+        rewards.append(np.asarray(episode.rewards, dtype=np.float32))
+        term = np.zeros(n, dtype=bool)
+        term[-1] = bool(episode.terminations[-1])
+        trunc = np.zeros(n, dtype=bool)
+        trunc[-1] = bool(episode.truncations[-1]) and not term[-1]
+        terminated.append(term)
+        truncated.append(trunc)
+        lengths.append(n)
+        ids.append(episode.id)
+    if not lengths:
+        raise DatasetError(f"dataset {dataset_id!r} holds no transitions.")
+    episodes = Episodes(
+        observations=np.concatenate(observations),
+        actions=np.concatenate(actions),
+        rewards=np.concatenate(rewards),
+        terminated=np.concatenate(terminated),
+        truncated=np.concatenate(truncated),
+        lengths=np.asarray(lengths, dtype=np.int64),
+        episode_ids=np.asarray(ids, dtype=np.int64),
+    )
+    try:
+        episodes.check_finite()
+    except ValueError as error:
+        raise DatasetError(f"dataset {dataset_id!r}: {error}") from None
+    return episodes
+
+
+def dataset_info(
+    dataset: minari.MinariDataset, episodes: Episodes, env_id: str | None = None
+) -> DatasetInfo:
+    """Metadata of an opened dataset; `env_id` overrides its evaluation environment."""
+    metadata = dataset.storage.metadata
+    spec_json = None
+    eval_env_id = env_id
+    if env_id is None:
+        # Minari parses the eval env spec from its metadata but keeps it private.
+        spec = getattr(dataset, "_eval_env_spec", None) or dataset.spec.env_spec
+        if spec is not None:
+            spec_json = spec.to_json()
+            eval_env_id = spec.id
+    action_space = dataset.action_space
+    return DatasetInfo(
+        dataset_id=dataset.spec.dataset_id,
+        eval_env_spec=spec_json,
+        eval_env_id=eval_env_id,
+        observation_dim=episodes.observation_dim,
+        action_dim=episodes.action_dim,
+        action_low=[float(x) for x in np.asarray(action_space.low).ravel()],
+        action_high=[float(x) for x in np.asarray(action_space.high).ravel()],
+        ref_min_score=_optional_float(metadata.get("ref_min_score")),
+        ref_max_score=_optional_float(metadata.get("ref_max_score")),
+        num_episodes=episodes.num_episodes,
+        num_transitions=episodes.num_transitions,
+    )
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(np.asarray(value).item())
+
+
+def load_episodes(
+    dataset_id: str, download: bool = False, env_id: str | None = None
+) -> tuple[Episodes, DatasetInfo]:
+    """Open `dataset_id` and return its episodes and metadata."""
+    dataset = load_minari(dataset_id, download)
+    episodes = episodes_from_minari(dataset)
+    return episodes, dataset_info(dataset, episodes, env_id)

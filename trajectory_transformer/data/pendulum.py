@@ -1,0 +1,457 @@
+"""Embedded offline datasets for ``Pendulum-v1``, built locally by controllers shipped here.
+
+Nothing is downloaded: every ``pendulum/*`` dataset is generated on demand with the behaviour
+policies below and written with :func:`minari.create_dataset_from_buffers`. Start states come
+from gymnasium's ``Pendulum-v1`` (``env.reset(seed=...)``, one distinct seed per episode); the
+episodes then run batched in numpy with an exact replica of ``PendulumEnv.step`` (checked bit for
+bit against gymnasium on a few episodes of every rollout), 200 steps each, ending by truncation
+as under the environment's time limit. Everything is deterministic given a base seed.
+
+Policies (``u`` is the torque, bounded to ``[-2, 2]``):
+
+* **expert** (:func:`expert_action`): energy-based swing-up plus a discrete-time LQR balance
+  controller. With ``theta = 0`` upright the dynamics are ``theta'' = 15 sin(theta) + 3 u``, so
+  ``E = theta'^2 / 2 + 15 cos(theta)`` equals 15 for the pendulum at rest upright and changes as
+  ``dE/dt = 3 u theta'``. Far from upright the controller pumps energy towards 15 with
+  ``u = clip((15 - E) sign(theta'), -2, 2)``; once the LQR cost-to-go ``x^T P x`` of
+  ``x = (theta, theta')`` falls below 2 it switches to ``u = clip(-K x, -2, 2)``, where ``K``, ``P``
+  solve the Riccati equation of the linearised, discretised (dt = 0.05) system under the
+  environment's own cost weights (1, 0.1, 0.001). Mean return over random starts is about -150,
+  close to the best achievable (starts hanging still at the bottom cost about -370, starts near
+  upright almost nothing).
+* **random**: torques drawn uniformly from ``[-2, 2]``.
+* **medium**: epsilon-random expert, each step a uniform random torque with probability 0.7,
+  otherwise the expert's.
+* **medium-replay**: like a learner's replay buffer: episode ``i`` of ``n`` uses the
+  epsilon-random expert with epsilon falling linearly from 1.0 (pure random) to 0.7 (medium).
+* **medium-expert**: the medium episodes followed by the expert episodes (same policies and
+  seeds as those two datasets, hence identical episodes).
+
+With the defaults (500 episodes per policy, seed 0) the reference scores are -1271.2 (random)
+and -157.0 (expert), and the datasets score:
+
+==============  ===========  ================
+dataset         mean return  normalised score
+==============  ===========  ================
+random              -1225.2               4.1
+medium               -756.2              46.2
+expert               -152.8             100.4
+medium-replay        -967.7              27.2
+medium-expert        -454.5              73.3
+==============  ===========  ================
+
+Reference scores, shared by all five datasets and stored in their metadata: ``ref_min_score`` is
+the mean return of the uniform random policy and ``ref_max_score`` that of the expert, each over
+100 seeded evaluation episodes (see :func:`reference_scores`). The normalised score of a return is
+``100 * (return - ref_min) / (ref_max - ref_min)`` (D4RL scale). Each dataset's description
+records its policy, mean return and normalised score.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import shutil
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+import minari
+import numpy as np
+from minari.data_collector import EpisodeBuffer
+from minari.namespace import create_namespace, list_local_namespaces
+from minari.storage import get_dataset_path
+
+__all__ = [
+    "EMBEDDED_DATASETS",
+    "ENV_ID",
+    "MEDIUM_EPSILON",
+    "EpsilonRandomExpert",
+    "Rollout",
+    "build_embedded_dataset",
+    "expert_action",
+    "is_embedded",
+    "normalised_score",
+    "random_action",
+    "reference_scores",
+    "rollout",
+]
+
+ENV_ID = "Pendulum-v1"
+NAMESPACE = "pendulum"
+AUTHOR = "trajectory-transformer"
+MAX_TORQUE = 2.0
+MEDIUM_EPSILON = 0.7
+"""Probability of a uniform random torque in the medium policy."""
+REPLAY_START_EPSILON = 1.0
+"""Epsilon of the first medium-replay episode (falls linearly to ``MEDIUM_EPSILON``)."""
+REFERENCE_EPISODES = 100
+_CHECKED_EPISODES = 3  # episodes of every rollout replayed through gymnasium
+
+EMBEDDED_DATASETS: dict[str, str] = {
+    "pendulum/random-v0": "Pendulum-v1, uniform random torques.",
+    "pendulum/medium-v0": (
+        f"Pendulum-v1, energy swing-up + LQR expert taking uniform random torques with "
+        f"probability {MEDIUM_EPSILON}."
+    ),
+    "pendulum/expert-v0": "Pendulum-v1, energy-based swing-up + LQR balance controller.",
+    "pendulum/medium-replay-v0": (
+        f"Pendulum-v1, improving epsilon-random experts (epsilon {REPLAY_START_EPSILON} falling "
+        f"to {MEDIUM_EPSILON}), like the replay buffer of a learner up to medium quality."
+    ),
+    "pendulum/medium-expert-v0": (
+        "Pendulum-v1, the medium episodes followed by the expert episodes."
+    ),
+}
+
+# Pendulum-v1 physics: theta'' = 3 g / (2 l) sin(theta) + 3 / (m l^2) u, semi-implicit Euler.
+_DT = 0.05
+_GRAVITY_GAIN = 3 * 10.0 / (2 * 1.0)  # 15
+_TORQUE_GAIN = 3.0 / (1.0 * 1.0**2)  # 3
+_MAX_SPEED = 8.0
+_UPRIGHT_ENERGY = _GRAVITY_GAIN  # E at rest upright
+_SWING_GAIN = 1.0
+_BALANCE_REGION = 2.0  # switch to LQR when x^T P x is below this
+
+# Disjoint ranges of reset seeds: one block of 10M per base seed, 1M per dataset kind.
+_SEED_BLOCK = 10_000_000
+_KIND_BLOCK = 1_000_000
+_KIND_OFFSET = {"random": 0, "medium": 1, "expert": 2, "medium-replay": 3, "evaluation": 9}
+
+
+# ----------------------------------------------------------------------------- controllers
+
+
+@functools.lru_cache(maxsize=1)
+def _lqr() -> tuple[np.ndarray, np.ndarray]:
+    """Gain ``K`` (2,) and cost-to-go ``P`` (2, 2) of the discrete LQR balance controller."""
+    a = np.array([[1 + _GRAVITY_GAIN * _DT**2, _DT], [_GRAVITY_GAIN * _DT, 1.0]])
+    b = np.array([[_TORQUE_GAIN * _DT**2], [_TORQUE_GAIN * _DT]])
+    q = np.diag([1.0, 0.1])  # the environment's cost weights
+    r = np.array([[0.001]])
+    p = q.copy()
+    for _ in range(10_000):
+        k = np.linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
+        p_next = q + a.T @ p @ (a - b @ k)
+        if np.allclose(p_next, p, rtol=1e-12, atol=1e-12):
+            p = p_next
+            break
+        p = p_next
+    k = np.linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
+    return k[0], p
+
+
+def expert_action(obs: np.ndarray) -> np.ndarray:
+    """Energy swing-up + LQR balance torques for a batch of observations.
+
+    Args:
+        obs: ``(N, 3)`` Pendulum observations ``(cos theta, sin theta, theta')``.
+
+    Returns:
+        ``(N, 1)`` float32 torques in ``[-2, 2]``.
+    """
+    obs = np.asarray(obs, dtype=np.float64).reshape(-1, 3)
+    cos, sin, velocity = obs[:, 0], obs[:, 1], obs[:, 2]
+    angle = np.arctan2(sin, cos)  # 0 upright, in [-pi, pi]
+    gain, cost_to_go = _lqr()
+
+    energy = 0.5 * velocity**2 + _GRAVITY_GAIN * cos
+    direction = np.where(velocity >= 0, 1.0, -1.0)
+    swing = _SWING_GAIN * (_UPRIGHT_ENERGY - energy) * direction
+
+    state = np.stack([angle, velocity], axis=1)
+    balance = -(state @ gain)
+    near_upright = np.einsum("ni,ij,nj->n", state, cost_to_go, state) < _BALANCE_REGION
+
+    torque = np.where(near_upright, balance, swing)
+    return np.clip(torque, -MAX_TORQUE, MAX_TORQUE).astype(np.float32)[:, None]
+
+
+def random_action(n: int, rng: np.random.Generator) -> np.ndarray:
+    """``(n, 1)`` float32 torques drawn uniformly from ``[-2, 2]``."""
+    return rng.uniform(-MAX_TORQUE, MAX_TORQUE, size=(n, 1)).astype(np.float32)
+
+
+Policy = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+"""A batched behaviour policy: ``(obs (N, 3), rng) -> torques (N, 1)``."""
+
+
+@dataclass(frozen=True)
+class EpsilonRandomExpert:
+    """The expert, replaced by a uniform random torque with probability ``epsilon`` each step.
+
+    ``epsilon`` is a scalar or one value per environment of the batch; 0 is the expert, 1 the
+    uniform random policy. The generator is consumed identically for every epsilon.
+    """
+
+    epsilon: float | np.ndarray
+
+    def __call__(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        n = len(obs)
+        explore = rng.random(n) < np.broadcast_to(np.asarray(self.epsilon, dtype=np.float64), n)
+        noise = random_action(n, rng)
+        return np.where(explore[:, None], noise, expert_action(obs))
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """``N`` complete episodes of equal length ``T`` (arrays are read-only)."""
+
+    seeds: np.ndarray  # (N,) reset seeds
+    observations: np.ndarray  # (N, T + 1, 3) float32
+    actions: np.ndarray  # (N, T, 1) float32
+    rewards: np.ndarray  # (N, T) float64
+    terminations: np.ndarray  # (N, T) bool
+    truncations: np.ndarray  # (N, T) bool
+
+    @property
+    def returns(self) -> np.ndarray:
+        return self.rewards.sum(axis=1)
+
+    def buffers(self, first_id: int = 0) -> list[EpisodeBuffer]:
+        return [
+            EpisodeBuffer(
+                id=first_id + i,
+                seed=int(self.seeds[i]),
+                observations=self.observations[i],
+                actions=self.actions[i],
+                rewards=self.rewards[i],
+                terminations=self.terminations[i],
+                truncations=self.truncations[i],
+                infos={},
+            )
+            for i in range(len(self.seeds))
+        ]
+
+
+def _square(x: np.ndarray) -> np.ndarray:
+    """``x ** 2`` as numpy computes it for a scalar (libm ``pow``); ``array ** 2`` takes a fast
+    path that differs in the last bit for about 1 in 1000 values."""
+    return np.power(x, np.full_like(x, 2.0))
+
+
+def _pendulum_step(
+    angle: np.ndarray, velocity: np.ndarray, torque: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``PendulumEnv.step`` for a batch: the same operations on the same dtypes, so the same
+    numbers (checked against gymnasium on every rollout, see :func:`_check_against_gymnasium`)."""
+    torque = np.clip(torque, -MAX_TORQUE, MAX_TORQUE)
+    wrapped = ((angle + np.pi) % (2 * np.pi)) - np.pi
+    cost = _square(wrapped) + 0.1 * _square(velocity) + 0.001 * _square(torque)
+    velocity = velocity + (_GRAVITY_GAIN * np.sin(angle) + _TORQUE_GAIN * torque) * _DT
+    velocity = np.clip(velocity, -_MAX_SPEED, _MAX_SPEED)
+    angle = angle + velocity * _DT
+    return angle, velocity, -cost
+
+
+def _observe(angle: np.ndarray, velocity: np.ndarray) -> np.ndarray:
+    return np.stack([np.cos(angle), np.sin(angle), velocity], axis=-1).astype(np.float32)
+
+
+def rollout(policy: Policy, seeds: np.ndarray, rng: np.random.Generator) -> Rollout:
+    """Run one ``Pendulum-v1`` episode per reset seed, all in lockstep, until truncation.
+
+    Start states come from ``env.reset(seed=...)`` of a real gymnasium environment; the
+    dynamics then run batched in numpy, replicating ``PendulumEnv.step`` exactly (about 30
+    times faster than stepping environments one by one). A few episodes are replayed through
+    gymnasium afterwards and must match bit for bit.
+    """
+    seeds = np.asarray(seeds, dtype=np.int64)
+    env = gym.make(ENV_ID)
+    steps = env.spec.max_episode_steps
+    starts = np.empty((len(seeds), 2), dtype=np.float64)
+    for i, seed in enumerate(seeds):
+        env.reset(seed=int(seed))
+        starts[i] = env.unwrapped.state
+    env.close()
+
+    n = len(seeds)
+    observations = np.empty((n, steps + 1, 3), dtype=np.float32)
+    actions = np.empty((n, steps, 1), dtype=np.float32)
+    rewards = np.empty((n, steps), dtype=np.float64)
+    angle, velocity = starts[:, 0], starts[:, 1]
+    observations[:, 0] = _observe(angle, velocity)
+    for t in range(steps):
+        actions[:, t] = policy(observations[:, t], rng)
+        angle, velocity, rewards[:, t] = _pendulum_step(angle, velocity, actions[:, t, 0])
+        observations[:, t + 1] = _observe(angle, velocity)
+    terminations = np.zeros((n, steps), dtype=bool)  # Pendulum never terminates
+    truncations = np.zeros((n, steps), dtype=bool)
+    truncations[:, -1] = True  # the TimeLimit wrapper ends every episode
+
+    result = Rollout(seeds, observations, actions, rewards, terminations, truncations)
+    for array in (seeds, observations, actions, rewards, terminations, truncations):
+        array.flags.writeable = False
+    _check_against_gymnasium(result, range(min(n, _CHECKED_EPISODES)))
+    return result
+
+
+def _check_against_gymnasium(result: Rollout, episodes) -> None:
+    """Replay the actions of some episodes in gymnasium; raise unless everything matches."""
+    env = gym.make(ENV_ID)
+    try:
+        for i in episodes:
+            obs, _ = env.reset(seed=int(result.seeds[i]))
+            same = np.array_equal(obs, result.observations[i, 0])
+            for t, action in enumerate(result.actions[i]):
+                obs, reward, terminated, truncated, _ = env.step(action)
+                same = (
+                    same
+                    and np.array_equal(obs, result.observations[i, t + 1])
+                    and reward == result.rewards[i, t]
+                    and terminated == result.terminations[i, t]
+                    and truncated == result.truncations[i, t]
+                )
+            if not same:
+                raise RuntimeError(
+                    f"the batched Pendulum simulation disagrees with gymnasium's {ENV_ID} "
+                    f"(episode seed {int(result.seeds[i])}); has the environment changed?"
+                )
+    finally:
+        env.close()
+
+
+def _seeds(kind: str, episodes: int, seed: int) -> np.ndarray:
+    if not 0 < episodes <= _KIND_BLOCK:
+        raise ValueError(f"episodes must be in [1, {_KIND_BLOCK}], got {episodes}")
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    start = seed * _SEED_BLOCK + _KIND_OFFSET[kind] * _KIND_BLOCK
+    return np.arange(start, start + episodes, dtype=np.int64)
+
+
+def _policy(kind: str, episodes: int) -> Policy:
+    if kind == "random":
+        return EpsilonRandomExpert(1.0)
+    if kind == "medium":
+        return EpsilonRandomExpert(MEDIUM_EPSILON)
+    if kind == "expert":
+        return EpsilonRandomExpert(0.0)
+    if kind == "medium-replay":
+        return EpsilonRandomExpert(np.linspace(REPLAY_START_EPSILON, MEDIUM_EPSILON, episodes))
+    raise ValueError(f"unknown policy kind {kind!r}")
+
+
+@functools.lru_cache(maxsize=8)
+def _kind_rollout(kind: str, episodes: int, seed: int) -> Rollout:
+    """The episodes of one policy kind (cached: medium-expert reuses medium and expert)."""
+    rng = np.random.default_rng([seed, _KIND_OFFSET[kind]])
+    return rollout(_policy(kind, episodes), _seeds(kind, episodes, seed), rng)
+
+
+# ----------------------------------------------------------------------------- reference scores
+
+
+@functools.lru_cache(maxsize=16)
+def reference_scores(seed: int = 0, episodes: int = REFERENCE_EPISODES) -> tuple[float, float]:
+    """``(ref_min_score, ref_max_score)``: mean returns of the uniform random policy and of the
+    expert over ``episodes`` seeded evaluation episodes (the same start states for both; seeds
+    disjoint from the datasets'). Cached per process."""
+    seeds = _seeds("evaluation", episodes, seed)
+    rng = np.random.default_rng([seed, _KIND_OFFSET["evaluation"]])
+    random_returns = rollout(EpsilonRandomExpert(1.0), seeds, rng).returns
+    expert_returns = rollout(EpsilonRandomExpert(0.0), seeds, rng).returns
+    return float(random_returns.mean()), float(expert_returns.mean())
+
+
+def normalised_score(returns: np.ndarray | float, ref_min: float, ref_max: float) -> np.ndarray:
+    """D4RL-style normalised score: 0 for the random policy, 100 for the expert."""
+    return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min) / (ref_max - ref_min)
+
+
+# ----------------------------------------------------------------------------- datasets
+
+_ALGORITHM_NAMES = {
+    "pendulum/random-v0": "uniform-random",
+    "pendulum/medium-v0": f"epsilon-random({MEDIUM_EPSILON}) energy-swing-up+LQR",
+    "pendulum/expert-v0": "energy-swing-up+LQR",
+    "pendulum/medium-replay-v0": (
+        f"epsilon-random({REPLAY_START_EPSILON}->{MEDIUM_EPSILON}) energy-swing-up+LQR"
+    ),
+    "pendulum/medium-expert-v0": (
+        f"epsilon-random({MEDIUM_EPSILON}) energy-swing-up+LQR + energy-swing-up+LQR"
+    ),
+}
+
+_KINDS = {
+    "pendulum/random-v0": ("random",),
+    "pendulum/medium-v0": ("medium",),
+    "pendulum/expert-v0": ("expert",),
+    "pendulum/medium-replay-v0": ("medium-replay",),
+    "pendulum/medium-expert-v0": ("medium", "expert"),
+}
+
+
+def is_embedded(dataset_id: str) -> bool:
+    """Whether ``dataset_id`` is one of the datasets this module can build."""
+    return dataset_id in EMBEDDED_DATASETS
+
+
+def build_embedded_dataset(
+    dataset_id: str, *, overwrite: bool = False, episodes: int = 500, seed: int = 0
+) -> minari.MinariDataset:
+    """Build (or load) an embedded Pendulum dataset in the local Minari folder.
+
+    Args:
+        dataset_id: one of :data:`EMBEDDED_DATASETS`.
+        overwrite: delete and rebuild the dataset if it exists locally; otherwise an existing
+            dataset is loaded and returned as it is (whatever ``episodes`` and ``seed`` built it).
+        episodes: episodes of 200 steps per policy (medium-expert holds twice as many).
+        seed: base seed of reset seeds, action noise and the reference scores.
+    """
+    if not is_embedded(dataset_id):
+        raise ValueError(
+            f"unknown embedded dataset {dataset_id!r}; known ids: {', '.join(EMBEDDED_DATASETS)}"
+        )
+    path = get_dataset_path(dataset_id)
+    if path.exists():
+        if not overwrite:
+            return minari.load_dataset(dataset_id)
+        shutil.rmtree(path)
+
+    ref_min, ref_max = reference_scores(seed)
+    rollouts = [_kind_rollout(kind, episodes, seed) for kind in _KINDS[dataset_id]]
+    buffers: list[EpisodeBuffer] = []
+    for part in rollouts:
+        buffers.extend(part.buffers(first_id=len(buffers)))
+    returns = np.concatenate([part.returns for part in rollouts])
+    score = float(normalised_score(returns.mean(), ref_min, ref_max))
+    description = (
+        f"{EMBEDDED_DATASETS[dataset_id]} {len(buffers)} episodes of 200 steps, built by "
+        f"trajectory_transformer.data.pendulum (seed {seed}). Mean return {returns.mean():.1f}, "
+        f"normalised score {score:.1f} (ref_min_score {ref_min:.1f}: uniform random policy; "
+        f"ref_max_score {ref_max:.1f}: energy swing-up + LQR expert; "
+        f"{REFERENCE_EPISODES} evaluation episodes each)."
+    )
+
+    try:
+        with warnings.catch_warnings():
+            # No contact address or code permalink exists for these locally built datasets.
+            warnings.filterwarnings("ignore", message=r"`(author_email|code_permalink)` is set")
+            if NAMESPACE not in list_local_namespaces():
+                with contextlib.suppress(ValueError):  # created concurrently
+                    create_namespace(
+                        NAMESPACE,
+                        description="Pendulum-v1 datasets built by trajectory_transformer.",
+                    )
+            return minari.create_dataset_from_buffers(
+                dataset_id=dataset_id,
+                buffer=buffers,
+                env=ENV_ID,
+                eval_env=ENV_ID,
+                algorithm_name=_ALGORITHM_NAMES[dataset_id],
+                author=AUTHOR,
+                author_email=None,
+                code_permalink=None,
+                ref_min_score=ref_min,
+                ref_max_score=ref_max,
+                num_episodes_average_score=REFERENCE_EPISODES,
+                description=description,
+            )
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # never leave a half-written dataset behind
+        raise

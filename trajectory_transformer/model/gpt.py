@@ -1,0 +1,261 @@
+"""Trajectory GPT: a decoder-only transformer over discretised transitions.
+
+A transition is `obs (O) | act (A) | reward | value`, T = O + A + 2 tokens; sequence position
+i holds dimension i % T. Tokens are raw bin indices in [0, n_bins); the model offsets them
+per dimension itself. Three entry points share one trunk and one attention mask:
+`forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trajectory_transformer.model.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    observation_dim: int
+    """Observation dimensions O."""
+    action_dim: int
+    """Action dimensions A."""
+    n_bins: int
+    """Vocabulary size per dimension (bins of the discretiser)."""
+    sequence_transitions: int = 10
+    """Transitions per training window; block_size = sequence_transitions * transition_dim."""
+    n_layer: int = 4
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads per block; must divide `embedding_dim`."""
+    embedding_dim: int = 128
+    """Width of the residual stream."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention weights and residual branches."""
+
+    def __post_init__(self) -> None:
+        sizes = ("observation_dim", "action_dim", "n_bins", "sequence_transitions", "n_layer")
+        for name in (*sizes, "n_head", "embedding_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.embedding_dim % self.n_head != 0:
+            raise ValueError(
+                f"embedding_dim ({self.embedding_dim}) must be divisible by n_head "
+                f"({self.n_head}); pick e.g. embedding_dim={self.n_head * 32}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def transition_dim(self) -> int:
+        return self.observation_dim + self.action_dim + 2
+
+    @property
+    def block_size(self) -> int:
+        return self.sequence_transitions * self.transition_dim
+
+
+def trajectory_attention_mask(length: int, transition_dim: int) -> torch.Tensor:
+    """(length, length) bool, True where query q may attend key k.
+
+    Causal, and no token sees the value token of an earlier transition: the value is the
+    reward-to-go, i.e. future information. A value token still sees itself.
+    """
+    pos = torch.arange(length)
+    q, k = pos[:, None], pos[None, :]  # (S, 1), (1, S)
+    earlier_value = (k % transition_dim == transition_dim - 1) & (k < q)
+    return (k <= q) & ~earlier_value
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.embedding_dim, 3 * config.embedding_dim)
+        self.c_proj = nn.Linear(config.embedding_dim, config.embedding_dim)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        start: int = 0,
+    ) -> torch.Tensor:
+        B, S, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, S, C)
+        q = q.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
+        k = k.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
+        v = v.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
+        if cache is not None:
+            k, v = cache.update(layer, start, k, v)  # (B, nh, start+S, hs)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, nh, S, hs)
+        y = y.transpose(1, 2).contiguous().view(B, S, C)  # (B, S, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.embedding_dim, 4 * config.embedding_dim)
+        self.c_proj = nn.Linear(4 * config.embedding_dim, config.embedding_dim)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.embedding_dim)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.embedding_dim)
+        self.mlp = MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        start: int = 0,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, layer, start)
+        return x + self.mlp(self.ln_2(x))
+
+
+class TrajectoryGPT(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        T, N, d = config.transition_dim, config.n_bins, config.embedding_dim
+        self.tok_emb = nn.Embedding(T * N, d)  # one table, offset per dimension
+        self.pos_emb = nn.Embedding(config.block_size, d)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
+        self.ln_f = nn.LayerNorm(d)
+        # One d -> N head per transition dimension; position i uses head i % T.
+        self.head_weight = nn.Parameter(torch.empty(T, d, N))
+        self.head_bias = nn.Parameter(torch.zeros(T, N))
+        # Derived from the config, so kept out of the state dict.
+        positions = torch.arange(config.block_size)
+        self.register_buffer("token_offsets", (positions % T) * N, persistent=False)
+        self.register_buffer(
+            "mask", trajectory_attention_mask(config.block_size, T), persistent=False
+        )
+        self.apply(self._init_weights)
+        nn.init.normal_(self.head_weight, mean=0.0, std=0.02)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    # --- trunk and heads ------------------------------------------------------------------
+
+    def _trunk(
+        self, tokens: torch.Tensor, start: int = 0, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S)."""
+        S = tokens.shape[1]
+        end = start + S
+        if end > self.config.block_size:
+            raise ValueError(
+                f"positions [{start}, {end}) exceed the block size {self.config.block_size} "
+                f"({self.config.sequence_transitions} transitions of "
+                f"{self.config.transition_dim} tokens); crop the sequence to its last "
+                f"{self.config.block_size} tokens"
+            )
+        x = self.tok_emb(tokens + self.token_offsets[start:end])  # (B, S, d)
+        x = self.drop(x + self.pos_emb.weight[start:end])  # (B, S, d)
+        # Cached paths attend over all keys [0, end); the full path over [0, S).
+        mask = self.mask[start:end, :end]  # (S, end)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, mask, cache, layer, start)
+        return self.ln_f(x)
+
+    def _heads(self, h: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Logits (B, S, N) from hidden states (B, S, d) at positions [start, start+S)."""
+        B, S, d = h.shape
+        T = self.config.transition_dim
+        # Pad to whole transitions so each dimension meets its own head in one einsum.
+        lead = start % T
+        n = -(-(lead + S) // T)
+        h = F.pad(h, (0, 0, lead, n * T - lead - S)).view(B, n, T, d)  # (B, n, T, d)
+        logits = torch.einsum("bntd,tdv->bntv", h, self.head_weight) + self.head_bias
+        return logits.reshape(B, n * T, -1)[:, lead : lead + S]  # (B, S, N)
+
+    # --- public API -----------------------------------------------------------------------
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (B, S, N) for tokens (B, S) of raw bin indices; position i predicts i+1.
+
+        Tokens are not range-checked (that would sync with the device): an index outside
+        [0, n_bins) silently reads another dimension's embedding.
+        """
+        return self._heads(self._trunk(tokens))
+
+    def new_cache(self, rows: int, max_len: int | None = None) -> KVCache:
+        """An empty KVCache for `rows` sequences of up to `max_len` (<= block_size) tokens."""
+        max_len = self.config.block_size if max_len is None else max_len
+        if max_len > self.config.block_size:
+            raise ValueError(
+                f"max_len {max_len} exceeds the block size {self.config.block_size}; plan over "
+                "fewer context + horizon transitions"
+            )
+        c = self.config
+        p = self.head_weight
+        return KVCache(
+            c.n_layer, rows, c.n_head, max_len, c.embedding_dim // c.n_head, p.device, p.dtype
+        )
+
+    def prefill(self, tokens: torch.Tensor, cache: KVCache, start: int = 0) -> torch.Tensor:
+        """Run tokens (B, S) at positions [start, start+S), caching their keys and values.
+
+        Attends over the cached [0, start+S) under the training mask. Returns (B, S, N).
+        """
+        return self._heads(self._trunk(tokens, start, cache), start)
+
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache, position: int) -> torch.Tensor:
+        """Logits (B, N) for one new token (B,) at `position`, attending over [0, position]."""
+        h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
+        dim = position % self.config.transition_dim
+        return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
+
+    def configure_optimizer(
+        self, learning_rate: float, weight_decay: float, betas: tuple[float, float]
+    ) -> torch.optim.AdamW:
+        """AdamW decaying only weight matrices (Linear weights and the heads)."""
+        decay: list[nn.Parameter] = []
+        no_decay: list[nn.Parameter] = []  # biases, norms, token and position embeddings
+        for module in self.modules():
+            for name, p in module.named_parameters(recurse=False):
+                is_matrix = isinstance(module, nn.Linear) and name == "weight"
+                (decay if is_matrix or p is self.head_weight else no_decay).append(p)
+        grouped = {id(p) for p in decay + no_decay}
+        assert len(grouped) == len(decay) + len(no_decay), "a parameter is in two groups"
+        assert grouped == {id(p) for p in self.parameters()}, "a parameter is in no group"
+        groups = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

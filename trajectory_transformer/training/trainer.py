@@ -1,0 +1,262 @@
+"""Training loop: weighted cross-entropy, AdamW, warm-up + cosine by tokens, resumable."""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from trajectory_transformer.config import TrainerConfig
+from trajectory_transformer.data.windows import TokenWindows
+from trajectory_transformer.model import TrajectoryGPT
+
+LogFn = Callable[[dict, int], None]
+
+
+@dataclass
+class TrainSummary:
+    steps: int
+    epochs_completed: int
+    windows: int
+    final_loss: float
+    seconds: float
+    tokens_per_second: float
+    checkpoint: Path
+    finished: bool
+
+    def line(self) -> str:
+        return (
+            f"trained {self.steps} steps ({self.epochs_completed} epochs over {self.windows} "
+            f"windows) in {self.seconds:.1f} s | final loss {self.final_loss:.4f} | "
+            f"{self.tokens_per_second:,.0f} tokens/s | checkpoint {self.checkpoint}"
+        )
+
+
+def loss_weights(model: TrajectoryGPT, cfg: TrainerConfig) -> torch.Tensor:
+    """Weight of each target position of a block (block_size - 1,), by the target's dimension."""
+    mc = model.config
+    per_dim = torch.tensor(
+        [cfg.observation_weight] * mc.observation_dim
+        + [cfg.action_weight] * mc.action_dim
+        + [cfg.reward_weight, cfg.value_weight]
+    )
+    target_dims = torch.arange(1, mc.block_size) % mc.transition_dim
+    return per_dim[target_dims]
+
+
+def weighted_loss(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Cross-entropy per token, times its dimension's weight, averaged over unpadded tokens."""
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    ce = ce.view_as(targets)  # (B, S)
+    mask = mask.to(ce.dtype)
+    return (ce * weights[: ce.shape[1]] * mask).sum() / mask.sum().clamp_min(1.0)
+
+
+def learning_rate(cfg: TrainerConfig, tokens_seen: float, planned_tokens: float) -> float:
+    """Linear warm-up, then cosine decay to `min_lr_fraction` of the peak, by tokens seen."""
+    warmup = cfg.warmup_fraction * planned_tokens
+    if tokens_seen < warmup:
+        return cfg.learning_rate * tokens_seen / max(warmup, 1.0)
+    progress = min(1.0, (tokens_seen - warmup) / max(planned_tokens - warmup, 1.0))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.learning_rate * max(cfg.min_lr_fraction, cosine)
+
+
+def planned_steps(cfg: TrainerConfig, windows: int) -> tuple[int, int]:
+    """(epochs, steps): explicit epochs, else the paper's reference epochs per 1M transitions."""
+    steps_per_epoch = math.ceil(windows / cfg.batch_size)
+    if cfg.epochs is not None:
+        epochs = cfg.epochs
+    else:
+        epochs = max(1, int(cfg.reference_epochs * 1e6 / windows))
+    steps = epochs * steps_per_epoch
+    if cfg.max_steps is not None:
+        steps = min(steps, cfg.max_steps)
+        epochs = math.ceil(steps / steps_per_epoch)
+    return epochs, steps
+
+
+class Trainer:
+    """Trains `model` on `windows`; `save(training_state)` persists a checkpoint."""
+
+    def __init__(
+        self,
+        model: TrajectoryGPT,
+        windows: TokenWindows,
+        cfg: TrainerConfig,
+        save: Callable[[dict], Path],
+        seed: int = 0,
+        log: LogFn | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.model = model
+        self.windows = windows
+        self.cfg = cfg
+        self.save = save
+        self.log = log
+        self.progress = progress
+        self.device = next(model.parameters()).device
+        self.optimizer = model.configure_optimizer(cfg.learning_rate, cfg.weight_decay, cfg.betas)
+        self.weights = loss_weights(model, cfg).to(self.device)
+        self.epochs, self.total_steps = planned_steps(cfg, len(windows))
+        self.steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
+        self.tokens_per_step = cfg.batch_size * (model.config.block_size - 1)
+        self.planned_tokens = float(self.total_steps * self.tokens_per_step)
+        # Batch order comes from its own generator, saved at each epoch start, so a resumed run
+        # regenerates the same permutation and skips the batches already done.
+        self.order_generator = torch.Generator().manual_seed(seed)
+        torch.manual_seed(seed)
+        self.step = 0
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.tokens_seen = 0.0
+        self.last_loss = float("nan")
+        self._epoch_generator_state = self.order_generator.get_state()
+        self._order: torch.Tensor | None = None
+        self._interrupted = False
+
+    # -- state ---------------------------------------------------------------------------
+    def state(self, finished: bool = False) -> dict:
+        state = {
+            "step": self.step,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "tokens_seen": self.tokens_seen,
+            "total_steps": self.total_steps,
+            "last_loss": self.last_loss,
+            "finished": finished,
+            "optimizer": self.optimizer.state_dict(),
+            # At an epoch boundary the next permutation has not been drawn yet.
+            "epoch_generator_state": (
+                self._epoch_generator_state
+                if self.step_in_epoch
+                else self.order_generator.get_state()
+            ),
+            "torch_rng_state": torch.get_rng_state(),
+        }
+        if torch.cuda.is_available():
+            state["cuda_rng_state"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state(self, state: dict) -> None:
+        if state["total_steps"] != self.total_steps:
+            raise ValueError(
+                f"the checkpoint planned {state['total_steps']} steps, this config plans "
+                f"{self.total_steps}; resume with the same trainer settings."
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = state["step"]
+        self.epoch = state["epoch"]
+        self.step_in_epoch = state["step_in_epoch"]
+        self.tokens_seen = state["tokens_seen"]
+        self.last_loss = state["last_loss"]
+        self._epoch_generator_state = state["epoch_generator_state"]
+        self.order_generator.set_state(self._epoch_generator_state)
+        torch.set_rng_state(state["torch_rng_state"])
+        if "cuda_rng_state" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng_state"])
+
+    # -- loop ----------------------------------------------------------------------------
+    def train_step(self, window_ids: torch.Tensor) -> torch.Tensor:
+        tokens, mask = self.windows.batch(window_ids)
+        tokens, mask = tokens.to(self.device), mask.to(self.device)
+        lr = learning_rate(self.cfg, self.tokens_seen, self.planned_tokens)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        logits = self.model(tokens[:, :-1])  # (B, S - 1, N)
+        loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        self.tokens_seen += tokens.shape[0] * (tokens.shape[1] - 1)
+        return loss.detach()
+
+    def request_stop(self) -> None:
+        """Stop at the next step boundary: write a checkpoint, then raise KeyboardInterrupt."""
+        self._interrupted = True
+
+    def _catch_interrupt(self):
+        """Turn the first Ctrl-C into a stop at the next step boundary (a second one aborts)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, frame):
+            if self._interrupted:
+                raise KeyboardInterrupt
+            self.request_stop()
+
+        return signal.signal(signal.SIGINT, handler)
+
+    def train(self) -> TrainSummary:
+        self.model.train()
+        start_time, start_tokens = time.perf_counter(), self.tokens_seen
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="train",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
+        loss = None
+        previous_handler = self._catch_interrupt()
+        try:
+            while self.step < self.total_steps:
+                if self._interrupted:
+                    raise KeyboardInterrupt
+                if self.step_in_epoch == 0 or self._order is None:
+                    if self.step_in_epoch == 0:
+                        self._epoch_generator_state = self.order_generator.get_state()
+                    self._order = torch.randperm(len(self.windows), generator=self.order_generator)
+                first = self.step_in_epoch * self.cfg.batch_size
+                loss = self.train_step(self._order[first : first + self.cfg.batch_size])
+                self.step += 1
+                self.step_in_epoch += 1
+                if self.step_in_epoch == self.steps_per_epoch:
+                    self.epoch += 1
+                    self.step_in_epoch = 0
+                bar.update(1)
+                if self.step % self.cfg.log_every == 0 or self.step == self.total_steps:
+                    self.last_loss = float(loss)  # the only host sync, every log_every steps
+                    rate = (self.tokens_seen - start_tokens) / (time.perf_counter() - start_time)
+                    bar.set_postfix(loss=f"{self.last_loss:.4f}", tok_s=f"{rate:,.0f}")
+                    if self.log is not None:
+                        lr = self.optimizer.param_groups[0]["lr"]
+                        metrics = {"train/loss": self.last_loss, "train/lr": lr}
+                        metrics |= {"train/tokens_per_s": rate, "train/epoch": self.epoch}
+                        self.log(metrics, self.step)
+                if self.step % self.cfg.checkpoint_every == 0 and self.step < self.total_steps:
+                    self.save(self.state())
+        except KeyboardInterrupt:
+            if loss is not None:
+                self.last_loss = float(loss)
+            self.save(self.state())
+            raise
+        finally:
+            bar.close()
+            if previous_handler is not None:
+                signal.signal(signal.SIGINT, previous_handler)
+        if loss is not None:
+            self.last_loss = float(loss)
+        path = self.save(self.state(finished=True))
+        seconds = time.perf_counter() - start_time
+        return TrainSummary(
+            steps=self.step,
+            epochs_completed=self.epoch,
+            windows=len(self.windows),
+            final_loss=self.last_loss,
+            seconds=seconds,
+            tokens_per_second=(self.tokens_seen - start_tokens) / max(seconds, 1e-9),
+            checkpoint=path,
+            finished=True,
+        )

@@ -58,22 +58,25 @@ class KVCache:
         return keys[:, :, :end], values[:, :, :end]
 
     @torch.no_grad()
-    def reorder_(self, parent: torch.Tensor, length: int) -> None:
-        """Row i becomes old row `parent[i]`, for positions [0, length) only.
+    def reorder_(self, parent: torch.Tensor, length: int, start: int = 0) -> None:
+        """Row i becomes old row `parent[i]`, for positions [start, length) only.
 
         `parent` may be longer than the rows in use (one context row broadcast to its beams),
-        but not longer than the cache's capacity.
+        but not longer than the cache's capacity. A `start` > 0 skips positions known to be
+        equal in every parent and child row (a planner's shared context).
         """
         n = parent.shape[0]
-        if n > self.rows or length > self.max_len:
+        if n > self.rows or length > self.max_len or not 0 <= start <= length:
             raise ValueError(
-                f"reorder_ to {n} rows over {length} positions exceeds the cache "
+                f"reorder_ to {n} rows over positions [{start}, {length}) exceeds the cache "
                 f"({self.rows} rows x {self.max_len} positions)"
             )
-        # index_select copies first, so overlapping source and target rows are safe.
+        # index_select copies first, so overlapping source and target rows are safe. One layer
+        # at a time gathers along the outermost dimension, about twice as fast on CPU.
         for buf in (self.keys, self.values):
-            prefix = buf[:, :, :, :length]  # (L, R, nh, length, hs)
-            buf[:, :n, :, :length] = prefix.index_select(1, parent)
+            for layer in buf:  # (R, nh, M, hs)
+                span = layer[:, :, start:length]  # (R, nh, length - start, hs)
+                layer[:n, :, start:length] = span.index_select(0, parent)
 
     @property
     def device(self) -> torch.device:

@@ -96,3 +96,22 @@ def create_dataset(
 def tiny_dataset():
     """A 3-obs, 1-act dataset named like a user's own: `test/tiny-v0`."""
     return create_dataset("test/tiny-v0")
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path, tiny_dataset):
+    """An untrained checkpoint of `test/tiny-v0` (Pendulum-v1 spaces), as tt-train writes it."""
+    import torch
+
+    from trajectory_transformer.checkpoint import build_payload, save_atomic
+    from trajectory_transformer.data.discretizer import Discretizer
+    from trajectory_transformer.data.episodes import joint_transitions
+    from trajectory_transformer.data.minari_source import load_episodes
+    from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+
+    episodes, info = load_episodes("test/tiny-v0")
+    discretizer = Discretizer.fit(joint_transitions(episodes, 0.99, -100.0), 12)
+    torch.manual_seed(0)
+    model = TrajectoryGPT(GPTConfig(3, 1, 12, 4, 1, 2, 16, 0.0))
+    payload = build_payload(model, discretizer, info, {"dataset": {"id": "test/tiny-v0"}}, None)
+    return save_atomic(payload, tmp_path / "run" / "checkpoint.pt")

@@ -110,6 +110,28 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    episodes: int = 10
+    """Episodes to play; episode i is seeded with `seed + i`."""
+    num_envs: int = 10
+    """Environments stepped (and planned) together in one vector env."""
+    seed: int = 0
+    """Seed of the first episode."""
+    env_id: str | None = None
+    """Evaluation env id; by default the one stored in the checkpoint's dataset metadata."""
+    max_episode_steps: int | None = None
+    """Cut episodes at this many steps (a time-limit truncation); None keeps the env's limit."""
+    asynchronous: bool = False
+    """Step the envs in worker processes (pays off for slow physics on several cores)."""
+    video: bool = False
+    """Record the first episode (rgb_array rendering) as `video.<video_format>`."""
+    video_format: str = "gif"
+    """`gif` (Pillow) or `mp4` (needs imageio-ffmpeg)."""
+    progress: bool = True
+    """Show a progress bar over env steps."""
+
+
+@dataclass
 class CollectConfig:
     datasets: list[str] = field(
         default_factory=lambda: [

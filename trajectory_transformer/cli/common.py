@@ -12,6 +12,7 @@ import torch
 from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.config import ConfigError, register_configs, reject_unknown_keys
 from trajectory_transformer.data.minari_source import DatasetError
+from trajectory_transformer.rollout.envs import EnvMismatchError
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
 
@@ -37,7 +38,7 @@ def friendly_errors(task: Callable) -> Callable:
         try:
             reject_unknown_keys(args[0])
             return task(*args, **kwargs)
-        except (DatasetError, CheckpointError, ConfigError) as error:
+        except (DatasetError, CheckpointError, ConfigError, EnvMismatchError) as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
 

@@ -1,0 +1,158 @@
+"""Time whole beam-search plan calls on a random-weight model sized by flags.
+
+    python scripts/bench_planner.py                 # paper HalfCheetah settings, 1 env, cached
+    python scripts/bench_planner.py --envs 10
+    python scripts/bench_planner.py --naive --reps 1
+
+Prints a short summary, then as its last line one JSON object with `ms_per_plan`,
+`ms_per_env_step` (= ms_per_plan / envs), the settings, the matmul FLOPs of one plan call
+(counted analytically) and the achieved GFLOP/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.planning import BeamPlanner, PlannerConfig, naive_plan
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--obs", type=int, default=17, help="observation dimensions")
+    parser.add_argument("--act", type=int, default=6, help="action dimensions")
+    parser.add_argument("--bins", type=int, default=100, help="bins per dimension")
+    parser.add_argument("--embd", type=int, default=128, help="embedding width")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq-transitions", type=int, default=10, help="model window")
+    parser.add_argument("--context", type=int, default=5, help="context transitions")
+    parser.add_argument("--horizon", type=int, default=5)
+    parser.add_argument("--beam", type=int, default=32)
+    parser.add_argument("--expand", type=int, default=2)
+    parser.add_argument("--envs", type=int, default=1)
+    parser.add_argument("--reps", type=int, default=5, help="timed plan calls")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed plan calls first")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--naive", action="store_true", help="time the naive planner instead")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args()
+
+
+def plan_flops(model: GPTConfig, planner: PlannerConfig, envs: int) -> int:
+    """Matmul FLOPs of one cached plan call with a full context (2 per multiply-add).
+
+    Per token and layer: projections q, k, v, out (4 d^2 MACs), MLP (8 d^2), attention scores
+    and weighted values over the `length` visible keys (2 d length); per token one d x N head.
+    The prefill computes heads at every context position, as `TrajectoryGPT.prefill` does.
+    """
+    d, L, N = model.embedding_dim, model.n_layer, model.n_bins
+    O, A, T = model.observation_dim, model.action_dim, model.transition_dim  # noqa: E741
+    B, X, H = planner.beam_width, planner.n_expand, planner.horizon
+
+    def token(length: int) -> int:  # one token attending over `length` keys
+        return 2 * (L * (12 * d * d + 2 * d * length) + d * N)
+
+    context = planner.context_transitions * T + O
+    macs = envs * sum(token(i + 1) for i in range(context))
+    base = planner.context_transitions * T
+    for h in range(H):
+        p = base + h * T + O  # first action token
+        macs += envs * B * X * sum(token(p + j + 1) for j in range(A + 1))
+        if h < H - 1:  # value token and the next observation, on the survivors
+            macs += envs * B * sum(token(p + A + 2 + i) for i in range(O + 1))
+    return macs
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    gpt = GPTConfig(
+        observation_dim=args.obs,
+        action_dim=args.act,
+        n_bins=args.bins,
+        sequence_transitions=args.seq_transitions,
+        n_layer=args.layers,
+        n_head=args.heads,
+        embedding_dim=args.embd,
+        dropout=0.0,
+    )
+    model = TrajectoryGPT(gpt).to(device).eval()
+    T = gpt.transition_dim
+    data = np.random.default_rng(args.seed).normal(size=(2000, T))
+    discretizer = Discretizer.fit(data, n_bins=args.bins).to(device)
+    planner = BeamPlanner(
+        model,
+        discretizer,
+        device=device,
+        horizon=args.horizon,
+        beam_width=args.beam,
+        n_expand=args.expand,
+        context_transitions=args.context,
+        seed=args.seed,
+    )
+    planner.reset(args.envs)
+    # A full history of random real transitions for every env (what a running rollout has).
+    generator = torch.Generator().manual_seed(args.seed)
+    history = torch.randint(0, args.bins, planner._context.shape, generator=generator)
+    planner._context.copy_(history)
+    planner._history[:] = args.context
+    observations = torch.randn(args.envs, args.obs, generator=generator)
+
+    if args.naive:
+        contexts = planner.context_tokens(observations)
+
+        def plan() -> None:
+            naive_plan(model, discretizer, contexts, planner.config, planner.generator)
+
+    else:
+
+        def plan() -> None:
+            planner.plan(observations)
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(args.warmup):
+        plan()
+    times = []
+    for _ in range(args.reps):
+        sync()
+        start = time.perf_counter()
+        plan()
+        sync()
+        times.append(time.perf_counter() - start)
+    ms = 1e3 * float(np.median(times))
+    flops = plan_flops(gpt, planner.config, args.envs)
+    result = {
+        "planner": "naive" if args.naive else "cached",
+        "ms_per_plan": round(ms, 2),
+        "ms_per_env_step": round(ms / args.envs, 2),
+        "ms_per_plan_min": round(1e3 * min(times), 2),
+        "flops_per_plan": flops,  # the cached planner's work, also for --naive
+        "gflops_per_s": round(flops / (ms * 1e6), 2),
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "reps": args.reps,
+        **{k: v for k, v in vars(args).items() if k not in ("naive", "reps", "device")},
+    }
+    print(
+        f"{result['planner']} planner, {args.envs} env(s), beam {args.beam} x expand "
+        f"{args.expand}, horizon {args.horizon}, context {args.context} on {device} "
+        f"({torch.get_num_threads()} threads): {ms:.1f} ms per plan (median of {args.reps}), "
+        f"{ms / args.envs:.1f} ms per env step, {flops / 1e9:.2f} GFLOP per plan "
+        f"(cached-path count) = {flops / (ms * 1e6):.1f} GFLOP/s"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

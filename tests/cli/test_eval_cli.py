@@ -1,0 +1,89 @@
+import json
+import os
+import subprocess
+import sys
+
+SMALL_PLANNER = [
+    "planner.horizon=2",
+    "planner.beam_width=3",
+    "planner.context_transitions=2",
+    "eval.episodes=3",
+    "eval.num_envs=2",
+    "eval.max_episode_steps=15",
+    "eval.progress=false",
+    "device=cpu",
+]
+
+
+def tt_eval(*overrides, run_dir):
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trajectory_transformer.evaluate",
+            *overrides,
+            f"hydra.run.dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=180,
+    )
+
+
+def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_checkpoint):
+    result = tt_eval(f"checkpoint={tiny_checkpoint}", *SMALL_PLANNER, run_dir=tmp_path / "eval")
+    assert result.returncode == 0, result.stderr
+    assert "3 episodes" in result.stdout and "normalized score" in result.stdout
+    in_run_dir = json.loads((tmp_path / "eval" / "results.json").read_text())
+    next_to_checkpoint = tiny_checkpoint.parent / "eval_default_seed0.json"
+    assert json.loads(next_to_checkpoint.read_text()) == in_run_dir
+    assert len(in_run_dir["returns"]) == 3 and in_run_dir["lengths"] == [15, 15, 15]
+    assert sorted(in_run_dir["seeds"]) == [0, 1, 2]
+    for key in (
+        "return_mean",
+        "return_stderr",
+        "normalized_score_mean",
+        "normalized_score_stderr",
+        "normalized_scores",
+    ):
+        assert key in in_run_dir
+    assert in_run_dir["settings"]["planner"]["horizon"] == 2
+
+
+def test_bc_preset_runs(tmp_path, tiny_checkpoint):
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}",
+        "planner=bc",
+        "planner.context_transitions=3",
+        "eval.episodes=1",
+        "eval.max_episode_steps=5",
+        "eval.progress=false",
+        run_dir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "planner bc" in result.stdout
+    assert (tiny_checkpoint.parent / "eval_bc_seed0.json").exists()
+
+
+def test_context_plus_horizon_beyond_the_block_is_refused(tmp_path, tiny_checkpoint):
+    result = tt_eval(f"checkpoint={tiny_checkpoint}", "planner.horizon=5", run_dir=tmp_path)
+    assert result.returncode == 2
+    assert "block" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_eval_on_an_env_of_another_shape_is_refused(tmp_path, tiny_checkpoint):
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}",
+        *SMALL_PLANNER,
+        "eval.env_id=MountainCarContinuous-v0",
+        run_dir=tmp_path,
+    )
+    assert result.returncode == 2
+    assert "observations: checkpoint (3,), env Box(2,)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_checkpoint_is_one_clear_message(tmp_path):
+    result = tt_eval(f"checkpoint={tmp_path / 'nope.pt'}", run_dir=tmp_path)
+    assert result.returncode == 2 and "no checkpoint at" in result.stderr

@@ -1,0 +1,251 @@
+"""BeamPlanner: equals the naive reference, reorders beams and cache rows consistently, keeps
+whole-transition contexts, masks finished envs, and works from a checkpoint."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from trajectory_transformer.checkpoint import build_payload, save_atomic
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.planning import BeamPlanner, Plan, PlannerConfig, naive_plan
+
+OBS, ACT, N = 3, 2, 11
+T = OBS + ACT + 2
+SMALL = dict(horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act=0.9, k_obs=2)
+
+
+def tiny_model(seed: int = 0, sequence_transitions: int = 6) -> TrajectoryGPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        observation_dim=OBS,
+        action_dim=ACT,
+        n_bins=N,
+        sequence_transitions=sequence_transitions,
+        n_layer=2,
+        n_head=2,
+        embedding_dim=16,
+        dropout=0.0,
+    )
+    model = TrajectoryGPT(config).eval()
+    with torch.no_grad():  # larger weights than the init, so that beams and tokens differ
+        for p in model.parameters():
+            p.mul_(8.0)
+    return model
+
+
+def tiny_discretizer() -> Discretizer:
+    data = np.random.default_rng(0).normal(size=(500, T))
+    return Discretizer.fit(data, n_bins=N, strategy="quantile")
+
+
+def run_steps(planner: BeamPlanner, steps: int, dones: dict[int, list[int]] | None = None):
+    """Act and observe for `steps` steps on random observations; returns the next observation."""
+    rng = np.random.default_rng(1)
+    E = planner.num_envs
+    for step in range(steps):
+        planner.act(rng.normal(size=(E, OBS)))
+        done = np.zeros(E, dtype=bool)
+        done[(dones or {}).get(step, [])] = True
+        planner.observe(rng.normal(size=E), done)
+    return rng.normal(size=(E, OBS)).astype(np.float32)
+
+
+def assert_same_plan(a: Plan, b: Plan) -> None:
+    assert torch.equal(a.tokens, b.tokens)
+    assert torch.allclose(a.scores, b.scores, atol=1e-5)
+    assert torch.allclose(a.rewards, b.rewards, atol=1e-5)
+    assert torch.allclose(a.values, b.values, atol=1e-5)
+    assert torch.equal(a.actions, b.actions)
+
+
+def test_refuses_context_and_horizon_beyond_the_block_size() -> None:
+    model = tiny_model(sequence_transitions=6)
+    with pytest.raises(ValueError, match=r"4 \+ 3 transitions of 7 tokens = 49 tokens.*42"):
+        BeamPlanner(model, tiny_discretizer(), context_transitions=4, horizon=3)
+    BeamPlanner(model, tiny_discretizer(), context_transitions=3, horizon=3)  # fits exactly
+    with pytest.raises(ValueError, match="unknown planner settings"):
+        BeamPlanner(model, tiny_discretizer(), beam=3)
+
+
+@pytest.mark.parametrize("dones", [None, {1: [0], 3: [2]}])
+def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(dones) -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    planner = BeamPlanner(model, disc, deterministic=True, **SMALL)
+    planner.reset(3)
+    obs = run_steps(planner, 5, dones)
+    contexts = planner.context_tokens(obs)
+    lengths = [len(c) for c in contexts]
+    assert lengths == ([2 * T + OBS] * 3 if dones is None else [2 * T + OBS, 2 * T + OBS, T + OBS])
+    plan = planner.plan(obs)
+    reference = naive_plan(model, disc, contexts, planner.config)
+    assert_same_plan(plan, reference)
+    assert plan.tokens.shape == (3, 4, 3, T)
+    # The plan starts from the real observation.
+    assert torch.equal(
+        plan.tokens[:, :, 0, :OBS],
+        torch.stack([c[-OBS:] for c in contexts])[:, None].expand(3, 4, OBS),
+    )
+
+
+@pytest.mark.parametrize("history", [0, 1, 2])
+def test_sampled_single_env_equals_naive_with_the_same_draws(history: int) -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    planner = BeamPlanner(model, disc, seed=7, **SMALL)
+    planner.reset(1)
+    obs = run_steps(planner, history)
+    planner.generator.manual_seed(7)
+    plan = planner.plan(obs)
+    reference = naive_plan(
+        model, disc, planner.context_tokens(obs), planner.config, torch.Generator().manual_seed(7)
+    )
+    assert_same_plan(plan, reference)
+    assert len(torch.unique(plan.tokens[0].flatten(1), dim=0)) > 1  # beams really differ
+
+
+def test_same_seed_same_plan_other_seed_other_plan() -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    obs = np.random.default_rng(0).normal(size=(2, OBS))
+    plans = []
+    for seed in (3, 3, 4):
+        planner = BeamPlanner(model, disc, seed=seed, **SMALL)
+        planner.reset(2)
+        plans.append(planner.plan(obs))
+    assert_same_plan(plans[0], plans[1])
+    assert not torch.equal(plans[0].tokens, plans[2].tokens)
+
+
+@torch.inference_mode()
+def test_beam_reorder_matches_a_recompute_of_the_selected_tokens() -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    config = PlannerConfig(**{**SMALL, "horizon": 4, "beam_width": 5, "n_expand": 3})
+    planner = BeamPlanner(model, disc, config)
+    G, n, B, H = 2, 1, 5, 4
+    context = torch.randint(0, N, (G, n * T + OBS), generator=torch.Generator().manual_seed(5))
+    cache = model.new_cache(G * B * 3, (n + H) * T)
+    search = planner._search(context, cache)
+    assert len(torch.unique(search.tokens.flatten(1, -1)[0], dim=0)) > 1
+
+    past = context[:, None, : n * T].expand(G, B, -1)  # the plan repeats the observation
+    full = torch.cat([past, search.tokens.flatten(2)], dim=2)
+    full = full.reshape(G * B, -1)  # (G*B, (n+H)*T) context and plan of every final beam
+    logits = model(full).view(G, B, n + H, T, N)[:, :, n:]  # (G, B, H, T, N)
+    # Logits at the last action token predict the reward; at the reward, the value.
+    reward = disc.expectation(logits[..., OBS + ACT - 1, :].softmax(-1), OBS + ACT)
+    value = disc.expectation(logits[..., OBS + ACT, :].softmax(-1), OBS + ACT + 1)
+    assert torch.allclose(search.rewards, reward, atol=1e-5)
+    assert torch.allclose(search.values, value, atol=1e-5)
+    discounts = config.discount ** torch.arange(H + 1.0)
+    score = (reward * discounts[:H]).sum(-1) + discounts[H] * value[..., -1]
+    assert torch.allclose(search.scores, score, atol=1e-5)
+    assert (search.scores[:, :-1] >= search.scores[:, 1:]).all()  # best first
+
+    # The cache rows of the final beams hold exactly the keys/values of their tokens.
+    fresh = model.new_cache(G * B, (n + H) * T)
+    written = (n + H) * T - 1  # the last value token is sampled, never decoded
+    model.prefill(full[:, :written], fresh)
+    keys = cache.keys[:, search.rows, :, :written]
+    values = cache.values[:, search.rows, :, :written]
+    assert torch.allclose(keys, fresh.keys[:, :, :, :written], rtol=1e-4, atol=1e-4)
+    assert torch.allclose(values, fresh.values[:, :, :, :written], rtol=1e-4, atol=1e-4)
+
+
+def test_context_keeps_whole_recent_transitions() -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    planner = BeamPlanner(model, disc, **SMALL)
+    planner.reset(2)
+    rng = np.random.default_rng(4)
+    seen = []
+    for step in range(4):
+        obs = rng.normal(size=(2, OBS)).astype(np.float32)
+        actions = planner.act(obs)
+        rewards = rng.normal(size=2).astype(np.float32)
+        planner.observe(rewards, np.array([False, step == 3]))
+        seen.append((obs, actions, rewards))
+    obs = rng.normal(size=(2, OBS)).astype(np.float32)
+    context = planner.context_tokens(obs)
+    assert len(context[0]) == 2 * T + OBS  # cropped to context_transitions
+    assert len(context[1]) == OBS  # done: starts afresh
+    past = context[0][:-OBS].view(2, T)
+    for row, (o, a, r) in zip(past, seen[-2:], strict=True):
+        assert torch.equal(row[:OBS], disc.encode(torch.as_tensor(o[0]), slice(0, OBS)))
+        decoded = disc.decode(row[OBS : OBS + ACT], slice(OBS, OBS + ACT))
+        assert torch.allclose(decoded, torch.as_tensor(a[0]))  # the executed action
+        assert row[OBS + ACT] == disc.encode(torch.tensor([r[0]]), slice(OBS + ACT, T - 1))[0]
+        assert row[-1] == 0  # value placeholder
+    assert torch.equal(context[0][-OBS:], disc.encode(torch.as_tensor(obs[0]), slice(0, OBS)))
+
+
+def test_inactive_envs_are_masked_without_changing_the_others() -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    obs = np.random.default_rng(0).normal(size=(3, OBS))
+    plans = []
+    for active in (None, np.array([True, False, True])):
+        planner = BeamPlanner(model, disc, seed=1, **SMALL)
+        planner.reset(3)
+        plans.append(planner.plan(obs, active=active))
+    full, masked = plans
+    assert masked.tokens.shape == full.tokens.shape
+    assert masked.active.tolist() == [True, False, True]
+    for e in (0, 2):
+        assert torch.equal(masked.tokens[e], full.tokens[e])
+        assert torch.equal(masked.scores[e], full.scores[e])
+    assert (masked.tokens[1] == 0).all() and (masked.scores[1] == 0).all()
+
+    planner = BeamPlanner(model, disc, seed=1, **SMALL)
+    planner.reset(3)
+    actions = planner.act(obs, active=np.array([True, False, True]))
+    assert actions.shape == (3, ACT) and (actions[1] == 0).all()
+
+
+def tiny_checkpoint(path) -> None:
+    model, disc = tiny_model(), tiny_discretizer()
+    dataset = DatasetInfo(
+        dataset_id="test/tiny-v0",
+        eval_env_spec=None,
+        eval_env_id="Pendulum-v1",
+        observation_dim=OBS,
+        action_dim=ACT,
+        action_low=[-0.5, -1.0],
+        action_high=[0.5, 1.0],
+        ref_min_score=None,
+        ref_max_score=None,
+        num_episodes=1,
+        num_transitions=500,
+    )
+    save_atomic(build_payload(model, disc, dataset, {}, None), path)
+
+
+def test_act_observe_plan_on_a_checkpoint(tmp_path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    tiny_checkpoint(path)
+    planner = BeamPlanner.from_checkpoint(path, plan_every=2, **SMALL)
+    assert planner.config.plan_every == 2 and planner.dataset.dataset_id == "test/tiny-v0"
+    planner.reset(num_envs=2)
+    rng = np.random.default_rng(0)
+    obs = rng.normal(size=(2, OBS))
+    first_plan = planner.plan(obs)
+    planner.generator.manual_seed(planner.config.seed)
+    actions = planner.act(obs)
+    assert actions.shape == (2, ACT) and actions.dtype == np.float32
+    assert np.array_equal(actions, first_plan.actions[:, 0].numpy())
+    assert (np.abs(actions) <= np.array([0.5, 1.0])).all()  # clipped to the dataset's bounds
+    with pytest.raises(RuntimeError, match="observe"):
+        planner.act(obs)
+    planner.observe(np.zeros(2), np.zeros(2, dtype=bool))
+    state = planner.generator.get_state()
+    follow = planner.act(rng.normal(size=(2, OBS)))  # plan_every=2: the plan's second action
+    assert torch.equal(planner.generator.get_state(), state)
+    assert np.array_equal(follow, first_plan.actions[:, 1].numpy())
+    planner.observe(np.ones(2), np.array([True, False]))
+    plan = planner.plan(rng.normal(size=(2, OBS)))
+    assert plan.tokens.shape == (2, 4, 3, T)
+    assert plan.observations.shape == (2, 4, 3, OBS)
+    assert plan.beam_actions.shape == (2, 4, 3, ACT) and plan.actions.shape == (2, 3, ACT)
+    assert plan.rewards.shape == plan.values.shape == (2, 4, 3)
+    assert plan.scores.shape == (2, 4) and plan.best.tolist() == [0, 0]
+    with pytest.raises(ValueError, match=r"shape \(2, 3\)"):
+        planner.act(np.zeros((3, OBS)))

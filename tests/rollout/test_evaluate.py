@@ -1,0 +1,107 @@
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.rollout import (
+    EnvMismatchError,
+    check_env_matches,
+    evaluate,
+    make_vector_env,
+    normalized_score,
+)
+
+
+class CountdownEnv(gym.Env):
+    """Terminates after `3 + seed % 4` steps; reward 1 per step, observation = step count."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.limit = 3 + (seed or 0) % 4
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(1, self.t, np.float32), 1.0, self.t >= self.limit, False, {}
+
+
+class RecordingAgent:
+    def __init__(self):
+        self.resets, self.calls, self.dones = [], 0, []
+
+    def reset(self, num_envs):
+        self.resets.append(num_envs)
+
+    def act(self, observations, active=None):
+        self.calls += 1
+        self.active = active.copy()
+        return np.zeros((len(observations), 1), np.float32)
+
+    def observe(self, rewards, dones):
+        self.dones.append(dones.copy())
+
+
+def test_episodes_are_seeded_in_order_and_scored():
+    env = gym.vector.SyncVectorEnv([CountdownEnv] * 3)
+    agent = RecordingAgent()
+    result = evaluate(agent, env, episodes=5, seed=10, ref_scores=(0.0, 10.0), progress=False)
+    assert sorted(result.seeds) == [10, 11, 12, 13, 14]
+    by_seed = dict(zip(result.seeds, result.returns, strict=True))
+    # Each episode's return counts only its own steps, although envs finish at different times.
+    assert by_seed == {s: float(3 + s % 4) for s in range(10, 15)}
+    assert result.lengths == [int(r) for r in result.returns]
+    np.testing.assert_allclose(result.normalized_scores, np.array(result.returns) * 10)
+    assert agent.resets == [3, 3]  # two waves of three envs
+    assert result.env_steps == sum(result.lengths)
+    summary = result.summary()
+    assert summary["return_mean"] == pytest.approx(np.mean(result.returns))
+    assert summary["return_stderr"] == pytest.approx(np.std(result.returns, ddof=1) / np.sqrt(5))
+    assert summary["normalized_score_mean"] == pytest.approx(10 * np.mean(result.returns))
+
+
+def test_finished_envs_stay_in_the_batch_masked():
+    env = gym.vector.SyncVectorEnv([CountdownEnv] * 2)
+    agent = RecordingAgent()
+    result = evaluate(agent, env, episodes=2, seed=0, progress=False)  # limits 3 and 4
+    assert agent.calls == 4  # the batch keeps going until the longest episode ends
+    assert agent.active.tolist() == [False, True]
+    assert result.returns == [3.0, 4.0]
+
+
+def test_no_reference_scores_says_why(tmp_path):
+    env = gym.vector.SyncVectorEnv([CountdownEnv])
+    result = evaluate(RecordingAgent(), env, episodes=1, progress=False)
+    assert result.normalized_scores is None and "ref_min_score" in result.line()
+    result.write(tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["normalized_score_mean"] is None
+
+
+def test_normalized_score_is_the_d4rl_scale():
+    np.testing.assert_allclose(normalized_score(np.array([-1000.0, -100.0]), -1000, -100), [0, 100])
+    assert normalized_score(np.array([1.0]), None, 5.0) is None
+
+
+def pendulum_info(obs_dim=3, low=-2.0):
+    return DatasetInfo(
+        "pendulum/x-v0", None, "Pendulum-v1", obs_dim, 1, [low], [2.0], -1200.0, -150.0, 1, 200
+    )
+
+
+def test_env_that_matches_the_checkpoint_is_accepted():
+    env = make_vector_env(pendulum_info(), 2, max_episode_steps=5)
+    check_env_matches(pendulum_info(), env)
+    assert env.num_envs == 2
+
+
+def test_env_with_other_shapes_is_refused_with_what_differs():
+    env = make_vector_env(pendulum_info(), 1, env_id="MountainCarContinuous-v0")
+    with pytest.raises(EnvMismatchError, match=r"observations: checkpoint \(3,\), env Box\(2,\)"):
+        check_env_matches(pendulum_info(), env)
+    with pytest.raises(EnvMismatchError, match="action bounds"):
+        check_env_matches(pendulum_info(low=-1.0), make_vector_env(pendulum_info(), 1))

@@ -1,0 +1,106 @@
+"""`tt-eval`: plan with a checkpoint in its environment and score the episodes."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resolve_device
+from trajectory_transformer.config import ConfigError, EvalConfig
+from trajectory_transformer.planning import BeamPlanner, PlannerConfig
+from trajectory_transformer.rollout import (
+    check_env_matches,
+    evaluate,
+    make_vector_env,
+    write_video,
+)
+
+# Hydra needs a mutable schema; derive it from PlannerConfig so each field is documented once.
+_hints = typing.get_type_hints(PlannerConfig)
+PlannerSchema = dataclasses.make_dataclass(
+    "PlannerSchema",
+    [(f.name, _hints[f.name], field(default=f.default)) for f in dataclasses.fields(PlannerConfig)],
+)
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: str = MISSING
+    """Path of a `checkpoint.pt` written by tt-train."""
+    device: str = "auto"
+    """`auto` (cuda when available), `cpu`, `cuda`, ..."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    planner: PlannerSchema = field(default_factory=PlannerSchema)  # type: ignore[valid-type]
+
+
+ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+ConfigStore.instance().store(group="planner", name="planner_schema", node=PlannerSchema)
+
+
+def run(cfg: EvaluateConfig) -> dict:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    device = resolve_device(cfg.device)
+    settings = OmegaConf.to_container(cfg.planner, resolve=True)
+    try:
+        planner = BeamPlanner.from_checkpoint(cfg.checkpoint, device=device, **settings)
+    except ValueError as error:
+        raise ConfigError(f"planner settings do not fit this checkpoint: {error}") from None
+    info = planner.dataset
+    episodes = cfg.eval.episodes
+    env = make_vector_env(
+        info,
+        min(cfg.eval.num_envs, episodes),
+        cfg.eval.env_id,
+        cfg.eval.asynchronous,
+        render=cfg.eval.video,
+        max_episode_steps=cfg.eval.max_episode_steps,
+    )
+    try:
+        check_env_matches(info, env)
+        frames = [] if cfg.eval.video else None
+        result = evaluate(
+            planner,
+            env,
+            episodes,
+            seed=cfg.eval.seed,
+            ref_scores=(info.ref_min_score, info.ref_max_score),
+            progress=cfg.eval.progress,
+            frames=frames,
+        )
+    finally:
+        env.close()
+    preset = HydraConfig.get().runtime.choices.get("planner", "custom")
+    result.settings = {
+        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "dataset": info.dataset_id,
+        "env": cfg.eval.env_id or info.eval_env_id,
+        "planner_preset": preset,
+        "planner": settings,
+        "eval": OmegaConf.to_container(cfg.eval, resolve=True),
+        "device": str(device),
+    }
+    next_to_checkpoint = Path(cfg.checkpoint).parent / f"eval_{preset}_seed{cfg.eval.seed}.json"
+    result.write(run_dir / "results.json", next_to_checkpoint)
+    if frames:
+        video = write_video(frames, run_dir / f"video.{cfg.eval.video_format}")
+        print(f"video of episode 0: {video}")
+    print(f"{info.dataset_id} | planner {preset} | {result.line()}")
+    print(f"results: {run_dir / 'results.json'} and {next_to_checkpoint}")
+    return result.summary()
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,524 @@
+"""Beam-search planning with a static KV cache, batched over environments.
+
+One planner serves one environment or many (a single env is a batch of one). Per plan call
+each environment's context (its last real transitions plus the current observation) runs
+through the model once; its keys and values are then broadcast to the env's beams. Per planned
+transition the beams expand, sample action, reward and value tokens, are scored by discounted
+expected reward plus the expected terminal value, and the best `beam_width` per environment
+survive to sample the next observation. Sampling stays on the device: no host sync per token,
+no tensor that grows per token, the same shapes whatever the environments are doing.
+
+Row layout. The cache holds E * beam_width * n_expand rows, ordered (expand copy, env, beam):
+the first E * beam_width rows are the surviving beams, so the observation tokens, which are
+only decoded after selection, run on a prefix of the rows. Every row of an environment shares
+its context, so beam selection only copies the planned part of the cache.
+
+Unequal context lengths. All rows of a forward pass share one position index, and positions
+carry meaning (learned position embedding, dimension = position % T), so a short history can
+neither be left-aligned nor padded without changing the plan. Environments are therefore
+grouped by the number of past transitions they have and each group is planned on its own
+(in order of length, reusing the same cache). In lock-step vector envs all environments have
+the same history except for `context_transitions` steps after a reset, so there is almost
+always one group. Inactive environments never form a group of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.model.gpt import TrajectoryGPT
+from trajectory_transformer.model.kv_cache import KVCache
+from trajectory_transformer.planning.sampling import sample_tokens
+
+if TYPE_CHECKING:
+    import os
+
+VALUE_PLACEHOLDER = 0
+"""Token stored for the value of a real transition: the attention mask hides it anyway."""
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Beam-search settings; the defaults are the original Trajectory Transformer's."""
+
+    horizon: int = 15
+    """Transitions planned ahead."""
+    beam_width: int = 128
+    """Sequences kept per environment after each planned transition."""
+    n_expand: int = 2
+    """Candidates sampled from each beam per planned transition."""
+    context_transitions: int = 5
+    """Past real transitions the model sees before the current observation."""
+    k_obs: int | None = 1
+    """Top-k filter for observation tokens (1: the most likely bin); None keeps all."""
+    k_act: int | None = None
+    """Top-k filter for action tokens; None keeps all."""
+    cdf_obs: float | None = None
+    """Keep the most likely observation tokens whose probability mass reaches this; None: all."""
+    cdf_act: float | None = 0.6
+    """Keep the most likely action tokens whose probability mass reaches this; None: all."""
+    temperature: float = 1.0
+    """Logits are divided by this before filtering and sampling, and before the expectations
+    of reward and value (as in the original)."""
+    discount: float = 0.99
+    """Discount of planned rewards and of the terminal value."""
+    plan_every: int = 1
+    """`act` replans every this many steps and follows the rest of the last plan in between."""
+    value_percentile: float | None = None
+    """Score rewards and values by this percentile of their predicted distributions, in (0, 1);
+    None uses the mean."""
+    deterministic: bool = False
+    """Greedy (argmax) tokens everywhere instead of sampling; for tests and ablations."""
+    seed: int = 0
+    """Seed of the planner's random generator (re-applied by `reset`)."""
+
+    def __post_init__(self) -> None:
+        for name in ("horizon", "beam_width", "n_expand", "plan_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"planner.{name} must be at least 1, got {getattr(self, name)}")
+        if self.context_transitions < 0:
+            raise ValueError(
+                f"planner.context_transitions must be >= 0, got {self.context_transitions}"
+            )
+        for name in ("k_obs", "k_act"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"planner.{name} must be >= 1 or None, got {value}")
+        for name in ("cdf_obs", "cdf_act"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 < value <= 1.0:
+                raise ValueError(f"planner.{name} must be in (0, 1] or None, got {value}")
+        if self.temperature <= 0.0:
+            raise ValueError(f"planner.temperature must be positive, got {self.temperature}")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"planner.discount must be in [0, 1], got {self.discount}")
+        if self.value_percentile is not None and not 0.0 < self.value_percentile < 1.0:
+            raise ValueError(
+                f"planner.value_percentile must be in (0, 1) or None, got {self.value_percentile}"
+            )
+        if self.plan_every > self.horizon:
+            raise ValueError(
+                f"planner.plan_every ({self.plan_every}) cannot exceed the horizon "
+                f"({self.horizon}): a plan has only {self.horizon} actions to follow"
+            )
+
+    def with_overrides(self, **overrides: object) -> PlannerConfig:
+        names = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - names)
+        if unknown:
+            raise ValueError(f"unknown planner settings {unknown}; valid ones: {sorted(names)}")
+        return replace(self, **overrides)
+
+
+@dataclass
+class Plan:
+    """All beams of one planning call for E environments (rows of inactive ones are zeros).
+
+    Transition h of a beam is `observation h | action h | reward h | value h`; observation 0 is
+    the real current observation, later ones are imagined. Beams are sorted best first.
+    """
+
+    tokens: torch.Tensor
+    """(E, beams, H, T) int64 sampled tokens."""
+    observations: torch.Tensor
+    """(E, beams, H, O) bin centres of the observation tokens."""
+    beam_actions: torch.Tensor
+    """(E, beams, H, A) bin centres of the action tokens, clipped to the action bounds."""
+    rewards: torch.Tensor
+    """(E, beams, H) expected reward (or percentile) that the score used."""
+    values: torch.Tensor
+    """(E, beams, H) expected value (or percentile) after each transition."""
+    scores: torch.Tensor
+    """(E, beams) sum_h discount^h reward_h + discount^H value_{H-1}."""
+    best: torch.Tensor
+    """(E,) int64 index of the best beam."""
+    actions: torch.Tensor
+    """(E, H, A) actions of the best beam; `actions[:, 0]` is executed."""
+    active: torch.Tensor
+    """(E,) bool, environments that were planned."""
+
+
+def build_plan(
+    tokens: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    scores: torch.Tensor,
+    active: torch.Tensor,
+    discretizer: Discretizer,
+    observation_dim: int,
+    action_low: torch.Tensor | None = None,
+    action_high: torch.Tensor | None = None,
+) -> Plan:
+    """Decode the tokens (E, B, H, T) of a search into a `Plan`."""
+    n_obs = observation_dim
+    n_act = tokens.shape[-1] - n_obs - 2
+    observations = discretizer.decode(tokens[..., :n_obs], slice(0, n_obs))  # (E, B, H, O)
+    actions = discretizer.decode(
+        tokens[..., n_obs : n_obs + n_act], slice(n_obs, n_obs + n_act)
+    )  # (E, B, H, A)
+    if action_low is not None and action_high is not None:
+        actions = torch.maximum(torch.minimum(actions, action_high), action_low)
+    best = scores.argmax(dim=-1)  # (E,)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    return Plan(
+        tokens=tokens,
+        observations=observations,
+        beam_actions=actions,
+        rewards=rewards,
+        values=values,
+        scores=scores,
+        best=best,
+        actions=actions[rows, best],
+        active=active,
+    )
+
+
+@dataclass
+class _Search:
+    """What one group's search leaves behind; `rows` and `cache` are kept for tests."""
+
+    tokens: torch.Tensor  # (G, B, H, T)
+    rewards: torch.Tensor  # (G, B, H)
+    values: torch.Tensor  # (G, B, H)
+    scores: torch.Tensor  # (G, B)
+    rows: torch.Tensor  # (G * B,) cache row of each final beam
+    cache: KVCache
+
+
+class BeamPlanner:
+    """Batched beam-search planner over a trained `TrajectoryGPT`.
+
+    ``reset(num_envs)``, then per step ``act(observations)`` and ``observe(rewards, dones)``;
+    ``plan(observations)`` returns all beams without changing any state. The model is put in
+    eval mode.
+    """
+
+    def __init__(
+        self,
+        model: TrajectoryGPT,
+        discretizer: Discretizer,
+        config: PlannerConfig | None = None,
+        device: torch.device | str | None = None,
+        *,
+        action_low: list[float] | np.ndarray | torch.Tensor | None = None,
+        action_high: list[float] | np.ndarray | torch.Tensor | None = None,
+        **overrides: object,
+    ) -> None:
+        self.config = (config or PlannerConfig()).with_overrides(**overrides)
+        self.device = torch.device(device) if device is not None else model.head_weight.device
+        self.model = model.to(self.device).eval()
+        self.discretizer = discretizer.to(self.device)
+        gpt = model.config
+        self.observation_dim, self.action_dim = gpt.observation_dim, gpt.action_dim
+        self.transition_dim = T = gpt.transition_dim
+        if self.discretizer.dims != T:
+            raise ValueError(
+                f"the discretizer has {self.discretizer.dims} dimensions but the model's "
+                f"transitions have {T}; load both from the same checkpoint"
+            )
+        c = self.config
+        self.max_len = (c.context_transitions + c.horizon) * T
+        if self.max_len > gpt.block_size:
+            raise ValueError(
+                f"context_transitions + horizon = {c.context_transitions} + {c.horizon} "
+                f"transitions of {T} tokens = {self.max_len} tokens exceeds the model's block "
+                f"size of {gpt.block_size} ({gpt.sequence_transitions} transitions); lower "
+                f"them to at most {gpt.sequence_transitions} transitions together"
+            )
+        self.action_low = self._bound(action_low)
+        self.action_high = self._bound(action_high)
+        self.generator = torch.Generator(self.device)
+        self._cache: KVCache | None = None
+        self.reset(1)
+
+    def _bound(self, bound: object) -> torch.Tensor | None:
+        if bound is None:
+            return None
+        bound = torch.as_tensor(bound, dtype=torch.float32, device=self.device).reshape(-1)
+        if bound.numel() != self.action_dim:
+            raise ValueError(f"action bound has {bound.numel()} entries, not {self.action_dim}")
+        return bound
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | os.PathLike, device: torch.device | str = "cpu", **overrides: object
+    ) -> BeamPlanner:
+        """A planner over a checkpoint's model, clipping actions to its dataset's bounds."""
+        from trajectory_transformer.checkpoint import load_checkpoint
+
+        checkpoint = load_checkpoint(path, device)
+        planner = cls(
+            checkpoint.model,
+            checkpoint.discretizer,
+            device=device,
+            action_low=checkpoint.dataset.action_low,
+            action_high=checkpoint.dataset.action_high,
+            **overrides,
+        )
+        planner.dataset = checkpoint.dataset
+        return planner
+
+    # --- per-environment state ------------------------------------------------------------
+
+    def reset(self, num_envs: int, seed: int | None = None) -> None:
+        """Forget every context and plan; reseed (with `config.seed` unless given)."""
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        E, K, T = num_envs, self.config.context_transitions, self.transition_dim
+        H, n_act = self.config.horizon, self.action_dim
+        self.num_envs = E
+        self.generator.manual_seed(self.config.seed if seed is None else seed)
+        # Shift buffer of each env's last K real transitions, oldest first; the valid ones are
+        # the last `_history[e]`.
+        self._context = torch.zeros(E, K, T, dtype=torch.long, device=self.device)
+        self._history = np.zeros(E, dtype=np.int64)
+        self._plan_actions = torch.zeros(E, H, n_act, device=self.device)  # best plan, decoded
+        self._plan_tokens = torch.zeros(E, H, n_act, dtype=torch.long, device=self.device)
+        self._plan_age = np.full(E, H, dtype=np.int64)  # steps taken since the last plan
+        self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
+        self._pending_envs = np.zeros(E, dtype=bool)
+
+    def _as_batch(self, observations: np.ndarray | torch.Tensor) -> torch.Tensor:
+        obs = torch.as_tensor(observations, dtype=torch.float32, device=self.device)
+        if obs.shape != (self.num_envs, self.observation_dim):
+            raise ValueError(
+                f"expected observations of shape ({self.num_envs}, {self.observation_dim}), "
+                f"got {tuple(obs.shape)}; call reset(num_envs) to change the number of envs"
+            )
+        return obs
+
+    def _mask(self, active: np.ndarray | torch.Tensor | None) -> np.ndarray:
+        if active is None:
+            return np.ones(self.num_envs, dtype=bool)
+        if isinstance(active, torch.Tensor):
+            active = active.cpu().numpy()
+        mask = np.asarray(active, dtype=bool).reshape(-1)
+        if mask.shape != (self.num_envs,):
+            raise ValueError(f"active mask must have {self.num_envs} entries, got {mask.shape}")
+        return mask
+
+    def act(
+        self,
+        observations: np.ndarray | torch.Tensor,
+        active: np.ndarray | torch.Tensor | None = None,
+    ) -> np.ndarray:
+        """Actions (E, A) for observations (E, O); inactive envs get zeros and record nothing.
+
+        Replans an env when its last plan is `plan_every` steps old, else follows that plan.
+        Call `observe` with the rewards before the next `act`.
+        """
+        if self._pending_envs.any():
+            raise RuntimeError("act() was called twice; call observe(rewards, dones) in between")
+        obs = self._as_batch(observations)
+        mask = self._mask(active)
+        stale = mask & (self._plan_age >= self.config.plan_every)
+        if stale.any():
+            plan = self.plan(obs, active=stale)
+            envs = torch.from_numpy(np.flatnonzero(stale)).to(self.device)
+            n_obs, n_act = self.observation_dim, self.action_dim
+            best = plan.tokens[envs, plan.best[envs]]  # (n, H, T)
+            self._plan_tokens[envs] = best[..., n_obs : n_obs + n_act]
+            self._plan_actions[envs] = plan.actions[envs]
+            self._plan_age[stale] = 0
+        age = torch.from_numpy(np.minimum(self._plan_age, self.config.horizon - 1)).to(self.device)
+        envs = torch.arange(self.num_envs, device=self.device)
+        keep = torch.from_numpy(mask).to(self.device)[:, None]  # (E, 1)
+        actions = self._plan_actions[envs, age] * keep  # (E, A)
+        transition = torch.zeros(self.num_envs, self.transition_dim, dtype=torch.long)
+        transition = transition.to(self.device)
+        transition[:, : self.observation_dim] = self._encode_observations(obs)
+        transition[:, self.observation_dim : -2] = self._plan_tokens[envs, age]
+        transition[:, -1] = VALUE_PLACEHOLDER
+        self._pending = transition
+        self._pending_envs = mask.copy()
+        self._plan_age[mask] += 1
+        return actions.cpu().numpy()
+
+    def observe(self, rewards: np.ndarray | torch.Tensor, dones: np.ndarray | torch.Tensor) -> None:
+        """Store the rewards (E,) of the last `act`; a done env starts its next act afresh."""
+        dones = self._mask(dones)
+        if self._pending is not None and self._pending_envs.any():
+            r = torch.as_tensor(rewards, dtype=torch.float32, device=self.device).reshape(-1, 1)
+            dim = self.observation_dim + self.action_dim
+            self._pending[:, dim] = self.discretizer.encode(r, slice(dim, dim + 1))[:, 0]
+            envs = torch.from_numpy(np.flatnonzero(self._pending_envs)).to(self.device)
+            if self.config.context_transitions > 0:
+                shifted = torch.cat([self._context[envs, 1:], self._pending[envs, None]], dim=1)
+                self._context[envs] = shifted
+            K = self.config.context_transitions
+            self._history[self._pending_envs] = np.minimum(self._history[self._pending_envs] + 1, K)
+        self._pending, self._pending_envs = None, np.zeros(self.num_envs, dtype=bool)
+        self._history[dones] = 0
+        self._plan_age[dones] = self.config.horizon
+
+    def _encode_observations(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.discretizer.encode(obs, slice(0, self.observation_dim))  # (E, O)
+
+    def context_tokens(self, observations: np.ndarray | torch.Tensor) -> list[torch.Tensor]:
+        """Each env's planning context, 1-D: its kept real transitions, then the observation."""
+        obs = self._encode_observations(self._as_batch(observations))
+        K = self.config.context_transitions
+        return [
+            torch.cat([self._context[e, K - int(n) :].reshape(-1), obs[e]])
+            for e, n in enumerate(self._history)
+        ]
+
+    # --- planning -------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def plan(
+        self,
+        observations: np.ndarray | torch.Tensor,
+        active: np.ndarray | torch.Tensor | None = None,
+    ) -> Plan:
+        """Plan from every active env's context and current observation (E, O)."""
+        c = self.config
+        E, B, H, T = self.num_envs, c.beam_width, c.horizon, self.transition_dim
+        obs_tokens = self._encode_observations(self._as_batch(observations))  # (E, O)
+        mask = self._mask(active)
+        tokens = torch.zeros(E, B, H, T, dtype=torch.long, device=self.device)
+        rewards = torch.zeros(E, B, H, device=self.device)
+        values = torch.zeros(E, B, H, device=self.device)
+        scores = torch.zeros(E, B, device=self.device)
+        groups = self._groups(mask)
+        if groups:
+            cache = self._get_cache(max(len(envs) for envs in groups.values()))
+        for n, envs in groups.items():
+            index = torch.from_numpy(envs).to(self.device)
+            K = c.context_transitions
+            past = self._context[index, K - n :].reshape(len(envs), n * T)  # (G, n*T)
+            search = self._search(torch.cat([past, obs_tokens[index]], dim=1), cache)
+            tokens[index] = search.tokens
+            rewards[index] = search.rewards
+            values[index] = search.values
+            scores[index] = search.scores
+        inactive = torch.from_numpy(~mask).to(self.device)
+        for result in (tokens, rewards, values, scores):
+            result[inactive] = 0  # rode along in a group; their plans mean nothing
+        return build_plan(
+            tokens,
+            rewards,
+            values,
+            scores,
+            torch.from_numpy(mask).to(self.device),
+            self.discretizer,
+            self.observation_dim,
+            self.action_low,
+            self.action_high,
+        )
+
+    def _groups(self, mask: np.ndarray) -> dict[int, np.ndarray]:
+        """Env indices per history length; inactive envs ride along with the longest group."""
+        if not mask.any():
+            return {}
+        lengths = np.where(mask, self._history, -1)
+        longest = int(lengths.max())
+        lengths[~mask] = longest
+        return {int(n): np.flatnonzero(lengths == n) for n in np.unique(lengths)}
+
+    def _get_cache(self, envs: int) -> KVCache:
+        """The planner's cache, reallocated only when more rows are needed."""
+        c = self.config
+        rows = envs * c.beam_width * c.n_expand
+        if self._cache is None or self._cache.rows < rows:
+            self._cache = self.model.new_cache(rows, self.max_len)
+        return self._cache
+
+    def _sample(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
+        c = self.config
+        top_k, cdf = {"obs": (c.k_obs, c.cdf_obs), "act": (c.k_act, c.cdf_act)}.get(
+            kind, (None, None)
+        )
+        return sample_tokens(
+            logits,
+            self.generator,
+            temperature=c.temperature,
+            top_k=top_k,
+            cdf=cdf,
+            deterministic=c.deterministic,
+        )
+
+    def _expected(self, logits: torch.Tensor, dim: int) -> torch.Tensor:
+        probs = (logits / self.config.temperature).softmax(dim=-1)
+        return self.discretizer.expectation(probs, dim, self.config.value_percentile)
+
+    def _search(self, context: torch.Tensor, cache: KVCache) -> _Search:
+        """Beam search from contexts (G, n*T + O) of one length; see the module docstring."""
+        c, model = self.config, self.model
+        n_obs, n_act, T = self.observation_dim, self.action_dim, self.transition_dim
+        G, C = context.shape
+        B, X, H = c.beam_width, c.n_expand, c.horizon
+        beams, rows = G * B, G * B * X
+        base = C - n_obs  # position of the current observation, the plan's first token
+        device = context.device
+
+        # One forward pass per env; then every row of env g copies its context.
+        logits = model.prefill(context, cache)[:, -1]  # (G, N): first action token
+        parent = torch.arange(G, device=device).repeat_interleave(B).repeat(X)  # (rows,)
+        cache.reorder_(parent, C)
+        logits = logits[parent]  # (rows, N)
+
+        tokens = torch.zeros(rows, H * T, dtype=torch.long, device=device)  # plan positions
+        tokens[:, :n_obs] = context[parent, base:]
+        rewards = torch.zeros(rows, H, device=device)
+        values = torch.zeros(rows, H, device=device)
+        so_far = torch.zeros(rows, device=device)  # sum_{i<h} discount^i reward_i
+        env_offset = torch.arange(G, device=device)[:, None] * B  # (G, 1)
+        copies = torch.arange(beams, device=device).repeat(X)  # (rows,)
+        reward_dim, value_dim = n_obs + n_act, n_obs + n_act + 1
+
+        for h in range(H):
+            q = h * T + n_obs  # plan offset of the first action token
+            p = base + q  # its absolute position
+            # Actions, reward and value on every candidate row.
+            for j in range(n_act):
+                tokens[:, q + j] = token = self._sample(logits, "act")
+                logits = model.decode_step(token, cache, p + j)  # (rows, N)
+            reward = self._expected(logits, reward_dim)  # (rows,)
+            tokens[:, q + n_act] = token = self._sample(logits, "reward")
+            logits = model.decode_step(token, cache, p + n_act)
+            value = self._expected(logits, value_dim)  # (rows,)
+            tokens[:, q + n_act + 1] = self._sample(logits, "value")
+            rewards[:, h], values[:, h] = reward, value
+            so_far = so_far + c.discount**h * reward
+            candidates = so_far + c.discount ** (h + 1) * value  # (rows,)
+
+            # Best beam_width of each env's X * B candidates, stored at rows [0, G * B).
+            per_env = candidates.view(X, G, B).permute(1, 0, 2).reshape(G, X * B)
+            scores, index = per_env.topk(B, dim=-1)  # (G, B), sorted best first
+            chosen = ((index // B) * beams + env_offset + index % B).reshape(beams)
+            last = h == H - 1
+            parent = chosen if last else chosen.repeat(X)  # survivors, already expanded
+            tokens[: len(parent)] = tokens.index_select(0, parent)
+            rewards[: len(parent)] = rewards.index_select(0, parent)
+            values[: len(parent)] = values.index_select(0, parent)
+            so_far = so_far.index_select(0, parent)
+            if last:
+                break
+            # Positions before `base + O` hold the env's context in every row: skip them.
+            cache.reorder_(parent, p + n_act + 1, start=C)
+
+            # Value token, then the next observation, on the beams only.
+            logits = model.decode_step(tokens[:beams, q + n_act + 1], cache, p + n_act + 1)
+            for i in range(n_obs):
+                tokens[:beams, q + n_act + 2 + i] = token = self._sample(logits[:beams], "obs")
+                logits = model.decode_step(token, cache, p + n_act + 2 + i)  # (beams, N)
+            if X > 1:  # copy the new positions to the other expansion copies
+                cache.reorder_(copies, p + n_act + 2 + n_obs, start=p + n_act + 1)
+                span = slice(q + n_act + 2, q + n_act + 2 + n_obs)
+                tokens[beams:, span] = tokens[:beams, span].repeat(X - 1, 1)
+                logits = logits.repeat(X, 1)  # (rows, N)
+
+        return _Search(
+            tokens=tokens[:beams].view(G, B, H, T),
+            rewards=rewards[:beams].view(G, B, H),
+            values=values[:beams].view(G, B, H),
+            scores=scores,
+            rows=chosen,
+            cache=cache,
+        )

@@ -1,0 +1,105 @@
+"""Reference beam search without a cache: the test oracle and the benchmark's baseline.
+
+Deliberately plain: one environment at a time, the whole sequence re-run through the model
+for every token, sequences grown with `torch.cat`. It follows `BeamPlanner`'s algorithm and row
+order step by step, so with greedy sampling both return the same plans, and for a single
+environment they also consume the random generator in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.model.gpt import TrajectoryGPT
+from trajectory_transformer.planning.beam import Plan, PlannerConfig, build_plan
+from trajectory_transformer.planning.sampling import sample_tokens
+
+
+@torch.inference_mode()
+def naive_plan(
+    model: TrajectoryGPT,
+    discretizer: Discretizer,
+    context_tokens: Sequence[torch.Tensor] | torch.Tensor,
+    config: PlannerConfig | None = None,
+    generator: torch.Generator | None = None,
+    action_low: torch.Tensor | None = None,
+    action_high: torch.Tensor | None = None,
+) -> Plan:
+    """Plan for each 1-D context (whole past transitions, then the current observation)."""
+    config = config or PlannerConfig()
+    if isinstance(context_tokens, torch.Tensor) and context_tokens.ndim == 1:
+        context_tokens = [context_tokens]
+    model.eval()
+    searches = [
+        _search_one(model, discretizer, context, config, generator) for context in context_tokens
+    ]
+    tokens, rewards, values, scores = (torch.stack(parts) for parts in zip(*searches, strict=True))
+    active = torch.ones(len(searches), dtype=torch.bool, device=tokens.device)
+    n_obs = model.config.observation_dim
+    return build_plan(
+        tokens, rewards, values, scores, active, discretizer, n_obs, action_low, action_high
+    )
+
+
+def _search_one(
+    model: TrajectoryGPT,
+    discretizer: Discretizer,
+    context: torch.Tensor,
+    c: PlannerConfig,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    n_obs, n_act = model.config.observation_dim, model.config.action_dim
+    T = model.config.transition_dim
+    B, X, H = c.beam_width, c.n_expand, c.horizon
+    base = context.numel() - n_obs
+
+    def next_logits(sequences: torch.Tensor) -> torch.Tensor:
+        return model(sequences)[:, -1]  # (rows, N), the whole prefix every time
+
+    def sample(logits: torch.Tensor, top_k: int | None, cdf: float | None) -> torch.Tensor:
+        return sample_tokens(
+            logits,
+            generator,
+            temperature=c.temperature,
+            top_k=top_k,
+            cdf=cdf,
+            deterministic=c.deterministic,
+        )
+
+    def expected(logits: torch.Tensor, dim: int) -> torch.Tensor:
+        probs = (logits / c.temperature).softmax(dim=-1)
+        return discretizer.expectation(probs, dim, c.value_percentile)
+
+    sequences = context[None].repeat(B * X, 1)  # (rows, len)
+    rewards = torch.zeros(B * X, H, device=context.device)
+    values = torch.zeros(B * X, H, device=context.device)
+    so_far = torch.zeros(B * X, device=context.device)
+    for h in range(H):
+        for _ in range(n_act):
+            token = sample(next_logits(sequences), c.k_act, c.cdf_act)
+            sequences = torch.cat([sequences, token[:, None]], dim=1)
+        logits = next_logits(sequences)
+        reward = expected(logits, n_obs + n_act)
+        sequences = torch.cat([sequences, sample(logits, None, None)[:, None]], dim=1)
+        logits = next_logits(sequences)
+        value = expected(logits, n_obs + n_act + 1)
+        sequences = torch.cat([sequences, sample(logits, None, None)[:, None]], dim=1)
+        rewards[:, h], values[:, h] = reward, value
+        so_far = so_far + c.discount**h * reward
+        scores, chosen = (so_far + c.discount ** (h + 1) * value).topk(B)  # (B,)
+        sequences, rewards, values = sequences[chosen], rewards[chosen], values[chosen]
+        so_far = so_far[chosen]
+        if h == H - 1:
+            break
+        for _ in range(n_obs):
+            token = sample(next_logits(sequences), c.k_obs, c.cdf_obs)
+            sequences = torch.cat([sequences, token[:, None]], dim=1)
+        sequences, rewards, values = (
+            t.repeat(X, *[1] * (t.ndim - 1)) for t in (sequences, rewards, values)
+        )
+        so_far = so_far.repeat(X)
+    tokens = sequences[:, base:].reshape(B, H, T)
+    return tokens, rewards, values, scores

@@ -1,0 +1,71 @@
+"""Vector environments for evaluation, and the check that a checkpoint fits its env."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gymnasium as gym
+import numpy as np
+
+from trajectory_transformer.data.minari_source import DatasetInfo
+
+
+class EnvMismatchError(ValueError):
+    """The evaluation env does not have the spaces the checkpoint was trained on."""
+
+
+def make_env(info: DatasetInfo, env_id: str | None = None, **kwargs) -> Callable[[], gym.Env]:
+    """A thunk building the dataset's evaluation env (or `env_id`), CleanRL style."""
+
+    def thunk() -> gym.Env:
+        return gym.make(env_id, **kwargs) if env_id else info.make_env(**kwargs)
+
+    return thunk
+
+
+def make_vector_env(
+    info: DatasetInfo,
+    num_envs: int,
+    env_id: str | None = None,
+    asynchronous: bool = False,
+    render: bool = False,
+    max_episode_steps: int | None = None,
+) -> gym.vector.VectorEnv:
+    """`num_envs` copies in one vector env; async runs each in its own process."""
+    kwargs = {"render_mode": "rgb_array"} if render else {}
+    if max_episode_steps is not None:
+        kwargs["max_episode_steps"] = max_episode_steps
+    thunks = [make_env(info, env_id, **kwargs) for _ in range(num_envs)]
+    vector = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    return vector(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+
+
+def check_env_matches(info: DatasetInfo, env: gym.vector.VectorEnv) -> None:
+    """Refuse an env whose observation or action shape differs from the checkpoint's."""
+    obs_space, act_space = env.single_observation_space, env.single_action_space
+    differences = []
+    if not isinstance(obs_space, gym.spaces.Box) or obs_space.shape != (info.observation_dim,):
+        differences.append(
+            f"observations: checkpoint ({info.observation_dim},), env {_describe(obs_space)}"
+        )
+    if not isinstance(act_space, gym.spaces.Box) or act_space.shape != (info.action_dim,):
+        differences.append(f"actions: checkpoint ({info.action_dim},), env {_describe(act_space)}")
+    elif not (
+        np.allclose(act_space.low, info.action_low) and np.allclose(act_space.high, info.action_high)
+    ):
+        differences.append(
+            f"action bounds: checkpoint [{info.action_low}, {info.action_high}], "
+            f"env [{act_space.low.tolist()}, {act_space.high.tolist()}]"
+        )
+    if differences:
+        env_id = env.spec.id if env.spec is not None else "the eval env"
+        raise EnvMismatchError(
+            f"the checkpoint was trained on {info.dataset_id} ({info.eval_env_id}) and does not "
+            f"fit {env_id}:\n  " + "\n  ".join(differences) + "\nEvaluate it on its own env "
+            "(leave eval.env_id unset) or train a model for this one."
+        )
+
+
+def _describe(space: gym.Space) -> str:
+    shape = getattr(space, "shape", None)
+    return f"{type(space).__name__}{tuple(shape) if shape is not None else ''}"

@@ -1,0 +1,166 @@
+"""Run an agent in a vector env for N seeded episodes and score them on the D4RL scale."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import gymnasium as gym
+import numpy as np
+from tqdm.auto import tqdm
+
+
+class Agent(Protocol):
+    """What evaluation needs of a policy: `BeamPlanner` is one."""
+
+    def reset(self, num_envs: int) -> None: ...
+
+    def act(self, observations: np.ndarray, active: np.ndarray | None = None) -> np.ndarray: ...
+
+    def observe(self, rewards: np.ndarray, dones: np.ndarray) -> None: ...
+
+
+def normalized_score(
+    returns: np.ndarray, ref_min: float | None, ref_max: float | None
+) -> np.ndarray | None:
+    """`100 * (return - ref_min) / (ref_max - ref_min)`, or None without reference scores."""
+    if ref_min is None or ref_max is None:
+        return None
+    return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min) / (ref_max - ref_min)
+
+
+def mean_and_stderr(values: list[float]) -> tuple[float, float]:
+    array = np.asarray(values, dtype=np.float64)
+    stderr = array.std(ddof=1) / math.sqrt(len(array)) if len(array) > 1 else 0.0
+    return float(array.mean()), float(stderr)
+
+
+@dataclass
+class EvalResult:
+    returns: list[float]
+    lengths: list[int]
+    seeds: list[int]
+    normalized_scores: list[float] | None
+    no_score_reason: str | None
+    planning_seconds: float
+    env_steps: int
+    wall_seconds: float
+    settings: dict = field(default_factory=dict)
+
+    @property
+    def return_mean(self) -> float:
+        return mean_and_stderr(self.returns)[0]
+
+    def summary(self) -> dict:
+        """The JSON written next to the checkpoint: means, standard errors, per-episode lists."""
+        return_mean, return_stderr = mean_and_stderr(self.returns)
+        result = {"return_mean": return_mean, "return_stderr": return_stderr}
+        if self.normalized_scores is not None:
+            score_mean, score_stderr = mean_and_stderr(self.normalized_scores)
+            result |= {"normalized_score_mean": score_mean, "normalized_score_stderr": score_stderr}
+        else:
+            result |= {"normalized_score_mean": None, "normalized_score_stderr": None}
+            result["no_score_reason"] = self.no_score_reason
+        result["ms_per_env_step"] = 1000 * self.planning_seconds / max(self.env_steps, 1)
+        result |= {k: v for k, v in asdict(self).items() if k not in ("settings",)}
+        result["settings"] = self.settings
+        return result
+
+    def line(self) -> str:
+        summary = self.summary()
+        text = (
+            f"{len(self.returns)} episodes | return {summary['return_mean']:.1f} ± "
+            f"{summary['return_stderr']:.1f}"
+        )
+        if self.normalized_scores is not None:
+            text += (
+                f" | normalized score {summary['normalized_score_mean']:.1f} ± "
+                f"{summary['normalized_score_stderr']:.1f}"
+            )
+        else:
+            text += f" | no normalized score: {self.no_score_reason}"
+        return text + f" | {summary['ms_per_env_step']:.1f} ms planning per env-step"
+
+    def write(self, *paths: Path) -> None:
+        text = json.dumps(self.summary(), indent=2)
+        for path in paths:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text + "\n")
+
+
+def evaluate(
+    agent: Agent,
+    env: gym.vector.VectorEnv,
+    episodes: int,
+    seed: int = 0,
+    ref_scores: tuple[float | None, float | None] = (None, None),
+    progress: bool = True,
+    frames: list[np.ndarray] | None = None,
+) -> EvalResult:
+    """Play `episodes` episodes with seeds `seed, seed+1, ...`, `env.num_envs` at a time.
+
+    Each wave starts every env with its own seed and runs until all of them are done. A
+    finished env keeps stepping (its auto-reset episode is ignored) so shapes never change.
+    When `frames` is a list, the first episode's rendered frames are appended to it.
+    """
+    num_envs = env.num_envs
+    returns, lengths, seeds = [], [], []
+    planning_seconds, env_steps = 0.0, 0
+    start = time.perf_counter()
+    spec = env.get_attr("spec")[0]
+    max_steps = getattr(spec, "max_episode_steps", None)
+    bar = tqdm(
+        total=episodes * max_steps if max_steps else None,
+        desc="eval env-steps",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    for wave_start in range(0, episodes, num_envs):
+        wave_seeds = [seed + wave_start + i for i in range(num_envs)]
+        wanted = min(num_envs, episodes - wave_start)  # envs past `wanted` only fill the batch
+        observations, _ = env.reset(seed=wave_seeds)
+        agent.reset(num_envs)
+        running = np.zeros(num_envs, dtype=np.float64)
+        length = np.zeros(num_envs, dtype=np.int64)
+        active = np.zeros(num_envs, dtype=bool)
+        active[:wanted] = True
+        record = frames is not None and wave_start == 0
+        if record:
+            frames.append(env.call("render")[0])
+        while active.any():
+            tic = time.perf_counter()
+            actions = agent.act(observations, active)  # finished envs are not planned
+            planning_seconds += time.perf_counter() - tic
+            observations, rewards, terminated, truncated, _ = env.step(actions)
+            dones = terminated | truncated
+            agent.observe(rewards, dones)
+            env_steps += int(active.sum())
+            bar.update(int(active.sum()))
+            running[active] += rewards[active]
+            length[active] += 1
+            if record and active[0]:
+                frames.append(env.call("render")[0])
+            for i in np.flatnonzero(active & dones):
+                returns.append(float(running[i]))
+                lengths.append(int(length[i]))
+                seeds.append(wave_seeds[i])
+                active[i] = False
+                bar.set_postfix(episodes=len(returns), mean_return=f"{np.mean(returns):.1f}")
+    bar.close()
+    scores = normalized_score(np.array(returns), *ref_scores)
+    return EvalResult(
+        returns=returns,
+        lengths=lengths,
+        seeds=seeds,
+        normalized_scores=None if scores is None else scores.tolist(),
+        no_score_reason=None
+        if scores is not None
+        else "the dataset carries no ref_min_score/ref_max_score",
+        planning_seconds=planning_seconds,
+        env_steps=env_steps,
+        wall_seconds=time.perf_counter() - start,
+    )

@@ -1,1 +1,24 @@
-"""Trajectory Transformer."""
+"""Trajectory Transformer: offline RL as sequence modelling, with a batched, cached planner."""
+
+from trajectory_transformer.checkpoint import Checkpoint, load_checkpoint
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.minari_source import DatasetInfo, load_episodes
+from trajectory_transformer.model import GPTConfig, KVCache, TrajectoryGPT
+from trajectory_transformer.planning import BeamPlanner, Plan, PlannerConfig
+from trajectory_transformer.rollout import evaluate, make_vector_env
+
+__all__ = [
+    "BeamPlanner",
+    "Checkpoint",
+    "DatasetInfo",
+    "Discretizer",
+    "GPTConfig",
+    "KVCache",
+    "Plan",
+    "PlannerConfig",
+    "TrajectoryGPT",
+    "evaluate",
+    "load_checkpoint",
+    "load_episodes",
+    "make_vector_env",
+]

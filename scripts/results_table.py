@@ -1,0 +1,130 @@
+"""Regenerate the results table: dataset vs behaviour cloning vs beam planner, several seeds.
+
+For each dataset and training seed it runs `tt-train` (skipped when a finished checkpoint is
+already there), then `tt-eval` with the beam planner and with `planner=bc`, and prints a
+markdown table of normalised scores (mean ± standard error over training seeds; each seed's
+score is the mean over its evaluation episodes).
+
+    python scripts/results_table.py                                  # the README's table
+    python scripts/results_table.py --datasets pendulum-medium --seeds 0 --episodes 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.rollout.evaluate import mean_and_stderr, normalized_score
+
+DATASET_IDS = {
+    "pendulum-medium": "pendulum/medium-v0",
+    "pendulum-medium-replay": "pendulum/medium-replay-v0",
+    "pendulum-medium-expert": "pendulum/medium-expert-v0",
+    "pendulum-expert": "pendulum/expert-v0",
+    "pendulum-random": "pendulum/random-v0",
+}
+
+
+def run(command: list[str]) -> None:
+    print("$", " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
+    checkpoint = run_dir / "checkpoint.pt"
+    if checkpoint.exists():
+        training = torch.load(checkpoint, weights_only=True)["training"]
+        if training and training["finished"]:
+            return checkpoint
+    bin_dir = Path(sys.executable).parent
+    run(
+        [
+            str(bin_dir / "tt-train"),
+            f"dataset={dataset}",
+            f"seed={seed}",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ]
+    )
+    return checkpoint
+
+
+def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> float:
+    run_dir = checkpoint.parent / f"eval_{planner}"
+    bin_dir = Path(sys.executable).parent
+    run(
+        [
+            str(bin_dir / "tt-eval"),
+            f"checkpoint={checkpoint}",
+            f"planner={planner}",
+            f"eval.episodes={episodes}",
+            "eval.progress=false",
+            f"hydra.run.dir={run_dir}",
+            *overrides,
+        ]
+    )
+    return json.loads((run_dir / "results.json").read_text())["normalized_score_mean"]
+
+
+def dataset_score(dataset: str) -> float:
+    episodes, info = load_episodes(DATASET_IDS[dataset])
+    scores = normalized_score(episodes.episode_returns(), info.ref_min_score, info.ref_max_score)
+    return float(scores.mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=["pendulum-medium", "pendulum-medium-replay", "pendulum-medium-expert"],
+    )
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--planner", default="default", help="planner preset to compare to bc")
+    parser.add_argument("--out", type=Path, default=Path("outputs/results"))
+    parser.add_argument("--train", nargs="*", default=[], help="extra tt-train overrides")
+    parser.add_argument("--eval", nargs="*", default=[], help="extra tt-eval overrides")
+    args = parser.parse_args()
+
+    rows = []
+    for dataset in args.datasets:
+        scores: dict[str, list[float]] = {args.planner: [], "bc": []}
+        for seed in args.seeds:
+            checkpoint = train(dataset, seed, args.out / dataset / f"seed{seed}", args.train)
+            for planner in scores:
+                scores[planner].append(evaluate(checkpoint, planner, args.episodes, args.eval))
+        rows.append((dataset, dataset_score(dataset), scores["bc"], scores[args.planner]))
+        summary = {"dataset": dataset, "scores": scores}
+        (args.out / dataset / "scores.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def cell(values: list[float]) -> str:
+        mean, stderr = mean_and_stderr(values)
+        return f"{mean:.1f} ± {stderr:.1f}"
+
+    lines = [
+        f"| dataset | dataset mean | BC | planner ({args.planner}) |",
+        "|---|---|---|---|",
+    ]
+    for dataset, data_score, bc, planned in rows:
+        lines.append(
+            f"| {DATASET_IDS[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} |"
+        )
+    table = "\n".join(lines)
+    note = (
+        f"\nNormalised scores (D4RL scale), mean ± standard error over training seeds "
+        f"{args.seeds}, {args.episodes} episodes per seed."
+    )
+    print(table + note)
+    (args.out / "table.md").write_text(table + "\n" + note.strip() + "\n")
+    print(f"per-seed scores: {args.out}/<dataset>/scores.json")
+
+
+if __name__ == "__main__":
+    main()

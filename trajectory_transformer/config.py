@@ -143,6 +143,10 @@ class CollectConfig:
         ]
     )
     """Embedded dataset ids to build."""
+    episodes: int = 500
+    """Episodes of 200 steps per policy (medium-expert holds twice as many)."""
+    seed: int = 0
+    """Base seed of reset seeds, action noise and the reference scores."""
     overwrite: bool = False
     """Rebuild a dataset that already exists locally."""
 

@@ -87,3 +87,19 @@ def test_eval_on_an_env_of_another_shape_is_refused(tmp_path, tiny_checkpoint):
 def test_missing_checkpoint_is_one_clear_message(tmp_path):
     result = tt_eval(f"checkpoint={tmp_path / 'nope.pt'}", run_dir=tmp_path)
     assert result.returncode == 2 and "no checkpoint at" in result.stderr
+
+
+def test_video_of_the_first_episode(tmp_path, tiny_checkpoint):
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}",
+        *SMALL_PLANNER,
+        "eval.episodes=1",
+        "eval.max_episode_steps=4",
+        "eval.video=true",
+        run_dir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    import imageio.v2 as imageio
+
+    frames = imageio.mimread(tmp_path / "video.gif")
+    assert len(frames) == 5  # the reset frame and one per step

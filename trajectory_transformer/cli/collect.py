@@ -21,7 +21,9 @@ def main(cfg: DictConfig) -> None:
             f"{', '.join(pendulum.EMBEDDED_DATASETS)}."
         )
     for dataset_id in cfg.datasets:
-        dataset = pendulum.build_embedded_dataset(dataset_id, overwrite=cfg.overwrite)
+        dataset = pendulum.build_embedded_dataset(
+            dataset_id, overwrite=cfg.overwrite, episodes=cfg.episodes, seed=cfg.seed
+        )
         returns = episodes_from_minari(dataset).episode_returns()
         metadata = dataset.storage.metadata
         low, high = metadata["ref_min_score"], metadata["ref_max_score"]

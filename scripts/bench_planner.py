@@ -6,7 +6,9 @@
 
 Prints a short summary, then as its last line one JSON object with `ms_per_plan`,
 `ms_per_env_step` (= ms_per_plan / envs), the settings, the matmul FLOPs of one plan call
-(counted analytically) and the achieved GFLOP/s.
+(counted analytically), the achieved GFLOP/s, and the bytes of cached keys and values that the
+decode steps' attention reads (with each env's context shared by its beams, as the planner
+does, and as it would be with a copy of the context per beam).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--naive", action="store_true", help="time the naive planner instead")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     return parser.parse_args()
 
 
@@ -70,8 +73,40 @@ def plan_flops(model: GPTConfig, planner: PlannerConfig, envs: int) -> int:
     return macs
 
 
+def attention_kv_bytes(
+    model: GPTConfig, planner: PlannerConfig, envs: int, shared: bool = True
+) -> int:
+    """Bytes of cached keys and values (float32) read by the attention of one plan call's
+    decode steps, with a full context; the context prefill is left out.
+
+    Shared: each env's context (the shared prefix) is read once per env and step, and each row
+    reads only its own planned keys. Unshared: every row reads the whole sequence.
+    """
+    d, L = model.embedding_dim, model.n_layer
+    O, A, T = model.observation_dim, model.action_dim, model.transition_dim  # noqa: E741
+    B, X, H = planner.beam_width, planner.n_expand, planner.horizon
+    context = planner.context_transitions * T + O
+    per_key = L * 2 * d * 4  # keys and values of every layer, float32
+
+    def step(rows: int, position: int) -> int:  # one token at `position` on `rows` rows
+        if shared:
+            return per_key * (envs * context + rows * (position + 1 - context))
+        return per_key * rows * (position + 1)
+
+    total = 0
+    base = planner.context_transitions * T
+    for h in range(H):
+        p = base + h * T + O  # first action token
+        total += sum(step(envs * B * X, p + j) for j in range(A + 1))
+        if h < H - 1:  # value token and the next observation, on the survivors
+            total += sum(step(envs * B, p + A + 1 + i) for i in range(O + 1))
+    return total
+
+
 def main() -> None:
     args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     gpt = GPTConfig(
@@ -132,6 +167,8 @@ def main() -> None:
         times.append(time.perf_counter() - start)
     ms = 1e3 * float(np.median(times))
     flops = plan_flops(gpt, planner.config, args.envs)
+    kv_bytes = attention_kv_bytes(gpt, planner.config, args.envs)
+    kv_bytes_unshared = attention_kv_bytes(gpt, planner.config, args.envs, shared=False)
     result = {
         "planner": "naive" if args.naive else "cached",
         "ms_per_plan": round(ms, 2),
@@ -139,17 +176,22 @@ def main() -> None:
         "ms_per_plan_min": round(1e3 * min(times), 2),
         "flops_per_plan": flops,  # the cached planner's work, also for --naive
         "gflops_per_s": round(flops / (ms * 1e6), 2),
+        "kv_bytes_per_plan": kv_bytes,  # attention reads of the cached planner's decode steps
+        "kv_bytes_per_plan_unshared": kv_bytes_unshared,  # with the context copied per beam
+        "kv_gb_per_s": round(kv_bytes / (ms * 1e6), 2),
         "device": str(device),
         "threads": torch.get_num_threads(),
         "reps": args.reps,
-        **{k: v for k, v in vars(args).items() if k not in ("naive", "reps", "device")},
+        **{k: v for k, v in vars(args).items() if k not in ("naive", "reps", "device", "threads")},
     }
     print(
         f"{result['planner']} planner, {args.envs} env(s), beam {args.beam} x expand "
         f"{args.expand}, horizon {args.horizon}, context {args.context} on {device} "
         f"({torch.get_num_threads()} threads): {ms:.1f} ms per plan (median of {args.reps}), "
         f"{ms / args.envs:.1f} ms per env step, {flops / 1e9:.2f} GFLOP per plan "
-        f"(cached-path count) = {flops / (ms * 1e6):.1f} GFLOP/s"
+        f"(cached-path count) = {flops / (ms * 1e6):.1f} GFLOP/s; attention reads "
+        f"{kv_bytes / 1e9:.2f} GB of cached keys/values ({kv_bytes_unshared / 1e9:.2f} GB "
+        "without the shared context)"
     )
     print(json.dumps(result))
 

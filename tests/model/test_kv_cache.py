@@ -82,3 +82,102 @@ def test_reorder_rejects_too_many_rows() -> None:
     cache = KVCache(n_layer=1, rows=2, n_head=1, max_len=4, head_dim=2)
     with pytest.raises(ValueError, match="exceeds"):
         cache.reorder_(torch.zeros(3, dtype=torch.long), length=2)
+
+
+def grouped_tokens(g: torch.Generator, groups: int, members: int, copies: int, prefix: int):
+    """Random full sequences for rows ordered (copy, group, member), sharing a prefix per group."""
+    model_len = 3 * T
+    context = torch.randint(0, N, (groups, prefix), generator=g)
+    rows = copies * groups * members
+    tokens = torch.randint(0, N, (rows, model_len), generator=g)
+    group_of_row = (torch.arange(rows) // members) % groups
+    tokens[:, :prefix] = context[group_of_row]
+    return context, tokens, group_of_row
+
+
+@pytest.mark.parametrize("prefix", [1, T - 1, T, T + 3])
+@torch.no_grad()
+def test_shared_prefix_decode_matches_forward_of_concatenated_sequences(prefix: int) -> None:
+    model = tiny_model()
+    g = torch.Generator().manual_seed(prefix)
+    groups, members, copies = 3, 2, 2
+    context, tokens, _ = grouped_tokens(g, groups, members, copies, prefix)
+    cache = model.new_shared_prefix_cache(
+        prefix_rows=4, rows_per_prefix=members, rows=16, prefix_len=T + 3, own_len=3 * T - prefix
+    )
+    model.prefill(context, cache)
+    assert cache.prefix_length == prefix and cache.groups == groups
+    expected = model(tokens)
+    for position in range(prefix, 3 * T):  # crosses value tokens of the plan and of the prefix
+        # All copies first, then only the first copy (a prefix of the rows), as the planner does.
+        rows = tokens.shape[0] if position < 2 * T else groups * members
+        logits = model.decode_step(tokens[:rows, position], cache, position)
+        torch.testing.assert_close(logits, expected[:rows, position], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_shared_prefix_prefill_after_the_prefix_matches_forward() -> None:
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    context, tokens, _ = grouped_tokens(g, groups=2, members=3, copies=1, prefix=T + 1)
+    cache = model.new_shared_prefix_cache(2, 3, 6, prefix_len=T + 1, own_len=2 * T - 1)
+    model.prefill(context, cache)
+    logits = model.prefill(tokens[:, T + 1 : 2 * T + 4], cache, start=T + 1)  # several tokens
+    torch.testing.assert_close(logits, model(tokens[:, : 2 * T + 4])[:, T + 1 :], atol=1e-5, rtol=0)
+    # The shared prefix holds the same keys and values as a plain cache of the context.
+    plain = model.new_cache(rows=2)
+    model.prefill(context, plain)
+    torch.testing.assert_close(cache.prefix.keys[:, :, :, : T + 1], plain.keys[:, :, :, : T + 1])
+    torch.testing.assert_close(
+        cache.prefix.values[:, :, :, : T + 1], plain.values[:, :, :, : T + 1]
+    )
+
+
+@torch.no_grad()
+def test_shared_prefix_reorder_moves_only_own_positions_within_groups() -> None:
+    model = tiny_model()
+    g = torch.Generator().manual_seed(2)
+    groups, members, prefix = 2, 4, T - 2
+    context, tokens, _ = grouped_tokens(g, groups, members, copies=1, prefix=prefix)
+    cache = model.new_shared_prefix_cache(groups, members, 8, prefix_len=prefix, own_len=2 * T)
+    model.prefill(context, cache)
+    position = prefix
+    for step in range(3):
+        # Beam selection: each row takes a random parent of its own group.
+        member = torch.randint(0, members, (groups * members,), generator=g)
+        parent = torch.arange(groups).repeat_interleave(members) * members + member
+        prefix_keys = cache.prefix.keys.clone()
+        own_keys = cache.own.keys.clone()
+        cache.reorder_(parent, position)
+        assert torch.equal(cache.prefix.keys, prefix_keys)  # the shared part never moves
+        own = position - prefix
+        assert torch.equal(cache.own.keys[:, :, :, :own], own_keys[:, parent, :, :own])
+        assert torch.equal(cache.own.keys[:, :, :, own:], own_keys[:, :, :, own:])
+        tokens = tokens[parent].clone()
+        tokens[:, position:] = torch.randint(0, N, tokens[:, position:].shape, generator=g)
+        for _ in range(2 + step):
+            logits = model.decode_step(tokens[:, position], cache, position)
+            expected = model(tokens[:, : position + 1])[:, position]
+            torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+            position += 1
+
+
+def test_shared_prefix_rejects_misuse() -> None:
+    model = tiny_model()
+    cache = model.new_shared_prefix_cache(2, 3, 6, prefix_len=T, own_len=T)
+    k = torch.zeros(6, 2, 1, 8)
+    with pytest.raises(ValueError, match="write the prefix first"):
+        cache.extend(0, 3, k, k)
+    cache.update(0, 0, torch.zeros(2, 2, 4, 8), torch.zeros(2, 2, 4, 8))
+    with pytest.raises(ValueError, match="not after the shared prefix"):
+        cache.extend(0, 3, k, k)
+    with pytest.raises(ValueError, match="whole copies"):
+        cache.extend(0, 4, k[:4], k[:4])
+    with pytest.raises(ValueError, match="from position 0"):
+        cache.update(0, 1, k, k)
+    with pytest.raises(ValueError, match="shared prefix"):
+        cache.reorder_(torch.zeros(6, dtype=torch.long), length=6, start=2)
+    with pytest.raises(ValueError, match="rows_per_prefix"):
+        model.new_shared_prefix_cache(2, 3, 5, prefix_len=T, own_len=T)
+    with pytest.raises(ValueError, match="block size"):
+        model.new_shared_prefix_cache(1, 1, 1, prefix_len=T, own_len=model.config.block_size + 1)

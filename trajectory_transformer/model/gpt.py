@@ -3,7 +3,8 @@
 A transition is `obs (O) | act (A) | reward | value`, T = O + A + 2 tokens; sequence position
 i holds dimension i % T. Tokens are raw bin indices in [0, n_bins); the model offsets them
 per dimension itself. Three entry points share one trunk and one attention mask:
-`forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache).
+`forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache or
+a SharedPrefixKVCache).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trajectory_transformer.model.kv_cache import KVCache
+from trajectory_transformer.model.kv_cache import KVCache, SharedPrefixKVCache
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,46 @@ def trajectory_attention_mask(length: int, transition_dim: int) -> torch.Tensor:
     return (k <= q) & ~earlier_value
 
 
+def attends_shared_prefix(cache: KVCache | SharedPrefixKVCache | None, start: int) -> bool:
+    """Whether tokens from `start` attend through `shared_prefix_attention`: positions after the
+    prefix of a SharedPrefixKVCache (a prefill from 0 writes the prefix itself, with SDPA)."""
+    return isinstance(cache, SharedPrefixKVCache) and start > 0
+
+
+def shared_prefix_attention(
+    q: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    own_k: torch.Tensor,
+    own_v: torch.Tensor,
+    bias: torch.Tensor,
+    rows_per_prefix: int,
+) -> torch.Tensor:
+    """Attention of rows over [their group's shared prefix ; their own keys], one softmax.
+
+    q (R, nh, S, hs); prefix_k/v (G, nh, P, hs); own_k/v (R, nh, L, hs); bias (S, P + L): the
+    attention mask as an additive float, 0 where a query may attend and -inf elsewhere. Rows
+    are ordered (copy, group, member) as in `SharedPrefixKVCache`: R = X * G * M rows with
+    M = rows_per_prefix. The prefix part is one matmul per group over all its rows' queries,
+    so the shared keys and values are read once per group, not once per row. The scores of
+    both parts are concatenated and share one softmax. Returns (R, nh, S, hs).
+    """
+    R, nh, S, hs = q.shape
+    G, P = prefix_k.shape[0], prefix_k.shape[2]
+    X, M = R // (G * rows_per_prefix), rows_per_prefix
+    grouped = (
+        q.view(X, G, M, nh, S, hs).permute(1, 3, 0, 2, 4, 5).reshape(G, nh, X * M * S, hs)
+    )  # group's queries
+    prefix_scores = (grouped @ prefix_k.transpose(-1, -2)).view(G, nh, X, M, S, P)
+    own_scores = (q @ own_k.transpose(-1, -2)).view(X, G, M, nh, S, -1)  # (X, G, M, nh, S, L)
+    scores = torch.cat([prefix_scores.permute(2, 0, 3, 1, 4, 5), own_scores], dim=-1)
+    probs = torch.add(bias, scores, alpha=hs**-0.5).softmax(dim=-1)  # (X, G, M, nh, S, P + L)
+    prefix_probs = probs[..., :P].permute(1, 3, 0, 2, 4, 5).reshape(G, nh, X * M * S, P)
+    y_prefix = (prefix_probs @ prefix_v).view(G, nh, X, M, S, hs).permute(2, 0, 3, 1, 4, 5)
+    y_own = probs[..., P:].reshape(R, nh, S, -1) @ own_v  # (R, nh, S, hs)
+    return (y_own.view(X, G, M, nh, S, hs) + y_prefix).reshape(R, nh, S, hs)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -84,7 +125,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         mask: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: KVCache | SharedPrefixKVCache | None = None,
         layer: int = 0,
         start: int = 0,
     ) -> torch.Tensor:
@@ -93,12 +134,18 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
         k = k.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
         v = v.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
-        if cache is not None:
-            k, v = cache.update(layer, start, k, v)  # (B, nh, start+S, hs)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # (B, nh, S, hs)
-        y = y.transpose(1, 2).contiguous().view(B, S, C)  # (B, S, C)
+        if attends_shared_prefix(cache, start):
+            prefix_k, prefix_v, k, v = cache.extend(layer, start, k, v)
+            y = shared_prefix_attention(
+                q, prefix_k, prefix_v, k, v, mask, cache.rows_per_prefix
+            )  # (B, nh, S, hs)
+        else:
+            if cache is not None:
+                k, v = cache.update(layer, start, k, v)  # (B, nh, start+S, hs)
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
+            )  # (B, nh, S, hs)
+        y = y.transpose(1, 2).reshape(B, S, C)  # (B, S, C)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -125,7 +172,7 @@ class Block(nn.Module):
         self,
         x: torch.Tensor,
         mask: torch.Tensor,
-        cache: KVCache | None = None,
+        cache: KVCache | SharedPrefixKVCache | None = None,
         layer: int = 0,
         start: int = 0,
     ) -> torch.Tensor:
@@ -149,9 +196,11 @@ class TrajectoryGPT(nn.Module):
         # Derived from the config, so kept out of the state dict.
         positions = torch.arange(config.block_size)
         self.register_buffer("token_offsets", (positions % T) * N, persistent=False)
-        self.register_buffer(
-            "mask", trajectory_attention_mask(config.block_size, T), persistent=False
-        )
+        mask = trajectory_attention_mask(config.block_size, T)
+        self.register_buffer("mask", mask, persistent=False)
+        # The same mask as an additive bias, for attention computed outside SDPA.
+        bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
+        self.register_buffer("attn_bias", bias, persistent=False)
         self.apply(self._init_weights)
         nn.init.normal_(self.head_weight, mean=0.0, std=0.02)
         for name, p in self.named_parameters():
@@ -170,7 +219,10 @@ class TrajectoryGPT(nn.Module):
     # --- trunk and heads ------------------------------------------------------------------
 
     def _trunk(
-        self, tokens: torch.Tensor, start: int = 0, cache: KVCache | None = None
+        self,
+        tokens: torch.Tensor,
+        start: int = 0,
+        cache: KVCache | SharedPrefixKVCache | None = None,
     ) -> torch.Tensor:
         """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S)."""
         S = tokens.shape[1]
@@ -184,8 +236,10 @@ class TrajectoryGPT(nn.Module):
             )
         x = self.tok_emb(tokens + self.token_offsets[start:end])  # (B, S, d)
         x = self.drop(x + self.pos_emb.weight[start:end])  # (B, S, d)
-        # Cached paths attend over all keys [0, end); the full path over [0, S).
-        mask = self.mask[start:end, :end]  # (S, end)
+        # Cached paths attend over all keys [0, end); the full path over [0, S). A shared-prefix
+        # cache splits the keys into the prefix and the rows' own; the mask row stays the same.
+        shared = attends_shared_prefix(cache, start)
+        mask = (self.attn_bias if shared else self.mask)[start:end, :end]  # (S, end)
         for layer, block in enumerate(self.blocks):
             x = block(x, mask, cache, layer, start)
         return self.ln_f(x)
@@ -225,14 +279,43 @@ class TrajectoryGPT(nn.Module):
             c.n_layer, rows, c.n_head, max_len, c.embedding_dim // c.n_head, p.device, p.dtype
         )
 
-    def prefill(self, tokens: torch.Tensor, cache: KVCache, start: int = 0) -> torch.Tensor:
+    def new_shared_prefix_cache(
+        self, prefix_rows: int, rows_per_prefix: int, rows: int, prefix_len: int, own_len: int
+    ) -> SharedPrefixKVCache:
+        """An empty SharedPrefixKVCache: up to `prefix_rows` shared prefixes of up to
+        `prefix_len` tokens, and `rows` rows (`rows_per_prefix` per group and copy) of up to
+        `own_len` tokens each after their prefix."""
+        for name, length in (("prefix_len", prefix_len), ("own_len", own_len)):
+            if length > self.config.block_size:
+                raise ValueError(f"{name} {length} exceeds the block size {self.config.block_size}")
+        c, p = self.config, self.head_weight
+        return SharedPrefixKVCache(
+            c.n_layer,
+            prefix_rows,
+            rows_per_prefix,
+            rows,
+            c.n_head,
+            prefix_len,
+            own_len,
+            c.embedding_dim // c.n_head,
+            p.device,
+            p.dtype,
+        )
+
+    def prefill(
+        self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, start: int = 0
+    ) -> torch.Tensor:
         """Run tokens (B, S) at positions [start, start+S), caching their keys and values.
 
         Attends over the cached [0, start+S) under the training mask. Returns (B, S, N).
+        With a SharedPrefixKVCache, a prefill from 0 writes the shared prefix (B groups) and a
+        later one extends every row after it.
         """
         return self._heads(self._trunk(tokens, start, cache), start)
 
-    def decode_step(self, tokens: torch.Tensor, cache: KVCache, position: int) -> torch.Tensor:
+    def decode_step(
+        self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, position: int
+    ) -> torch.Tensor:
         """Logits (B, N) for one new token (B,) at `position`, attending over [0, position]."""
         h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
         dim = position % self.config.transition_dim

@@ -85,3 +85,116 @@ class KVCache:
     @property
     def dtype(self) -> torch.dtype:
         return self.keys.dtype
+
+
+class SharedPrefixKVCache:
+    """A context shared by groups of rows, cached once per group, plus each row's own positions.
+
+    Beam search runs many rows (beams) on top of one context per environment. Here the
+    context's keys and values live once per group in `prefix` (a `KVCache` of `prefix_rows`
+    rows), and each row caches only the positions after the context in `own` (a `KVCache` of
+    `rows` rows whose position 0 is absolute position `prefix_length`). Attention over such a
+    cache reads the context once per group instead of once per row, and beam selection copies
+    only the rows' own positions.
+
+    Row layout: with G prefix rows written by the last `update` (G <= prefix_rows), row r
+    continues prefix row `(r // rows_per_prefix) % G`, i.e. rows are ordered (copy, group,
+    member) with `rows_per_prefix` members per group; any multiple of G * rows_per_prefix rows
+    (starting at row 0) can take part in a step.
+    """
+
+    def __init__(
+        self,
+        n_layer: int,
+        prefix_rows: int,
+        rows_per_prefix: int,
+        rows: int,
+        n_head: int,
+        prefix_len: int,
+        own_len: int,
+        head_dim: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        if rows_per_prefix <= 0 or rows < prefix_rows * rows_per_prefix:
+            raise ValueError(
+                f"SharedPrefixKVCache needs rows_per_prefix > 0 and rows >= prefix_rows * "
+                f"rows_per_prefix, got rows={rows}, prefix_rows={prefix_rows}, "
+                f"rows_per_prefix={rows_per_prefix}"
+            )
+        self.prefix = KVCache(n_layer, prefix_rows, n_head, prefix_len, head_dim, device, dtype)
+        self.own = KVCache(n_layer, rows, n_head, own_len, head_dim, device, dtype)
+        self.rows_per_prefix = rows_per_prefix
+        self.rows = rows
+        self.prefix_length = 0
+        """Positions [0, prefix_length) are shared; set by the last `update`."""
+        self.groups = 0
+        """Prefix rows G written by the last `update`."""
+
+    def update(
+        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the shared prefix: `k`, `v` (G, nh, s, hs) at positions [0, s) of G groups.
+
+        Replaces any previous prefix (and so invalidates the rows' own positions). Returns the
+        prefix keys and values, (G, nh, s, hs), like `KVCache.update`.
+        """
+        if start != 0:
+            raise ValueError(
+                f"a shared prefix is written from position 0, not {start}; positions after it "
+                "go through `extend`"
+            )
+        self.prefix_length, self.groups = k.shape[2], k.shape[0]
+        return self.prefix.update(layer, 0, k, v)
+
+    def extend(
+        self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write `k`, `v` (R, nh, s, hs) of rows [0, R) at positions [start, start+s) after
+        the prefix.
+
+        Returns the prefix keys and values (G, nh, prefix_length, hs) and the rows' own keys
+        and values over [prefix_length, start+s), (R, nh, start+s-prefix_length, hs).
+        """
+        rows, P = k.shape[0], self.prefix_length
+        if start < P or P == 0:
+            raise ValueError(
+                f"positions from {start} are not after the shared prefix [0, {P}); write the "
+                "prefix first (a prefill from position 0)"
+            )
+        if rows % (self.groups * self.rows_per_prefix) != 0:
+            raise ValueError(
+                f"{rows} rows are not whole copies of {self.groups} groups x "
+                f"{self.rows_per_prefix} rows per prefix"
+            )
+        keys, values = self.own.update(layer, start - P, k, v)
+        prefix = self.prefix.keys[layer, : self.groups, :, :P]
+        prefix_values = self.prefix.values[layer, : self.groups, :, :P]
+        return prefix, prefix_values, keys, values
+
+    def reorder_(self, parent: torch.Tensor, length: int, start: int | None = None) -> None:
+        """Row i becomes old row `parent[i]` at absolute positions [start, length).
+
+        Only the rows' own positions move (`start` defaults to the end of the prefix and may
+        not lie before it); `parent` must keep every row in its group.
+        """
+        P = self.prefix_length
+        start = P if start is None else start
+        if start < P:
+            raise ValueError(
+                f"reorder_ from position {start} would move the shared prefix [0, {P}); rows "
+                "share it, so start at or after it"
+            )
+        self.own.reorder_(parent, length - P, start - P)
+
+    @property
+    def max_len(self) -> int:
+        return self.prefix_length + self.own.max_len
+
+    @property
+    def device(self) -> torch.device:
+        return self.own.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.own.dtype

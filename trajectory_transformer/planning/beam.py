@@ -2,7 +2,8 @@
 
 One planner serves one environment or many (a single env is a batch of one). Per plan call
 each environment's context (its last real transitions plus the current observation) runs
-through the model once; its keys and values are then broadcast to the env's beams. Per planned
+through the model once; its keys and values are cached once per environment and shared by the
+env's beams (`SharedPrefixKVCache`), which cache only their planned positions. Per planned
 transition the beams expand, sample action, reward and value tokens, are scored by discounted
 expected reward plus the expected terminal value, and the best `beam_width` per environment
 survive to sample the next observation. Sampling stays on the device: no host sync per token,
@@ -11,7 +12,8 @@ no tensor that grows per token, the same shapes whatever the environments are do
 Row layout. The cache holds E * beam_width * n_expand rows, ordered (expand copy, env, beam):
 the first E * beam_width rows are the surviving beams, so the observation tokens, which are
 only decoded after selection, run on a prefix of the rows. Every row of an environment shares
-its context, so beam selection only copies the planned part of the cache.
+its context, stored once per env, so attention reads it once per env and beam selection only
+copies the planned part of the cache.
 
 Unequal context lengths. All rows of a forward pass share one position index, and positions
 carry meaning (learned position embedding, dimension = position % T), so a short history can
@@ -32,7 +34,7 @@ import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model.gpt import TrajectoryGPT
-from trajectory_transformer.model.kv_cache import KVCache
+from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -187,7 +189,7 @@ class _Search:
     values: torch.Tensor  # (G, B, H)
     scores: torch.Tensor  # (G, B)
     rows: torch.Tensor  # (G * B,) cache row of each final beam
-    cache: KVCache
+    cache: SharedPrefixKVCache
 
 
 class BeamPlanner:
@@ -233,7 +235,7 @@ class BeamPlanner:
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
         self.generator = torch.Generator(self.device)
-        self._cache: KVCache | None = None
+        self._cache: SharedPrefixKVCache | None = None
         self.reset(1)
 
     def _bound(self, bound: object) -> torch.Tensor | None:
@@ -421,12 +423,22 @@ class BeamPlanner:
         lengths[~mask] = longest
         return {int(n): np.flatnonzero(lengths == n) for n in np.unique(lengths)}
 
-    def _get_cache(self, envs: int) -> KVCache:
-        """The planner's cache, reallocated only when more rows are needed."""
-        c = self.config
+    def _get_cache(self, envs: int) -> SharedPrefixKVCache:
+        """The planner's cache, reallocated only when more rows are needed.
+
+        Each env's context (at most `context_transitions` transitions and an observation) is
+        its shared prefix; each row keeps the planned positions after it.
+        """
+        c, T, n_obs = self.config, self.transition_dim, self.observation_dim
         rows = envs * c.beam_width * c.n_expand
         if self._cache is None or self._cache.rows < rows:
-            self._cache = self.model.new_cache(rows, self.max_len)
+            self._cache = self.model.new_shared_prefix_cache(
+                prefix_rows=envs,
+                rows_per_prefix=c.beam_width,
+                rows=rows,
+                prefix_len=c.context_transitions * T + n_obs,
+                own_len=c.horizon * T - n_obs,
+            )
         return self._cache
 
     def _sample(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
@@ -447,7 +459,7 @@ class BeamPlanner:
         probs = (logits / self.config.temperature).softmax(dim=-1)
         return self.discretizer.expectation(probs, dim, self.config.value_percentile)
 
-    def _search(self, context: torch.Tensor, cache: KVCache) -> _Search:
+    def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
         """Beam search from contexts (G, n*T + O) of one length; see the module docstring."""
         c, model = self.config, self.model
         n_obs, n_act, T = self.observation_dim, self.action_dim, self.transition_dim
@@ -457,10 +469,9 @@ class BeamPlanner:
         base = C - n_obs  # position of the current observation, the plan's first token
         device = context.device
 
-        # One forward pass per env; then every row of env g copies its context.
+        # One forward pass per env: its context is the shared prefix of its rows.
         logits = model.prefill(context, cache)[:, -1]  # (G, N): first action token
         parent = torch.arange(G, device=device).repeat_interleave(B).repeat(X)  # (rows,)
-        cache.reorder_(parent, C)
         logits = logits[parent]  # (rows, N)
 
         tokens = torch.zeros(rows, H * T, dtype=torch.long, device=device)  # plan positions
@@ -500,7 +511,7 @@ class BeamPlanner:
             so_far = so_far.index_select(0, parent)
             if last:
                 break
-            # Positions before `base + O` hold the env's context in every row: skip them.
+            # Positions before `C` are the env's shared context: only the plan moves.
             cache.reorder_(parent, p + n_act + 1, start=C)
 
             # Value token, then the next observation, on the beams only.

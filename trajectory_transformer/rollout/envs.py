@@ -51,7 +51,8 @@ def check_env_matches(info: DatasetInfo, env: gym.vector.VectorEnv) -> None:
     if not isinstance(act_space, gym.spaces.Box) or act_space.shape != (info.action_dim,):
         differences.append(f"actions: checkpoint ({info.action_dim},), env {_describe(act_space)}")
     elif not (
-        np.allclose(act_space.low, info.action_low) and np.allclose(act_space.high, info.action_high)
+        np.allclose(act_space.low, info.action_low)
+        and np.allclose(act_space.high, info.action_high)
     ):
         differences.append(
             f"action bounds: checkpoint [{info.action_low}, {info.action_high}], "

@@ -115,3 +115,29 @@ def tiny_checkpoint(tmp_path, tiny_dataset):
     model = TrajectoryGPT(GPTConfig(3, 1, 12, 4, 1, 2, 16, 0.0))
     payload = build_payload(model, discretizer, info, {"dataset": {"id": "test/tiny-v0"}}, None)
     return save_atomic(payload, tmp_path / "run" / "checkpoint.pt")
+
+
+def tiny_gpt(
+    observation_dim: int = 3,
+    action_dim: int = 2,
+    n_bins: int = 7,
+    sequence_transitions: int = 3,
+    seed: int = 0,
+):
+    """A 2-layer, 16-wide TrajectoryGPT in eval mode, with seeded random weights."""
+    import torch
+
+    from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        observation_dim=observation_dim,
+        action_dim=action_dim,
+        n_bins=n_bins,
+        sequence_transitions=sequence_transitions,
+        n_layer=2,
+        n_head=2,
+        embedding_dim=16,
+        dropout=0.0,
+    )
+    return TrajectoryGPT(config).eval()

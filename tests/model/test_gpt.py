@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 import torch
+from conftest import tiny_gpt
 
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT, trajectory_attention_mask
 
@@ -14,18 +15,7 @@ T = OBS + ACT + 2
 
 
 def tiny_model(seed: int = 0, sequence_transitions: int = 3) -> TrajectoryGPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        observation_dim=OBS,
-        action_dim=ACT,
-        n_bins=N,
-        sequence_transitions=sequence_transitions,
-        n_layer=2,
-        n_head=2,
-        embedding_dim=16,
-        dropout=0.0,
-    )
-    model = TrajectoryGPT(config).eval()
+    model = tiny_gpt(OBS, ACT, N, sequence_transitions, seed)
     # Random biases and norms, so a test cannot pass because something is still zero.
     with torch.no_grad():
         for p in model.parameters():

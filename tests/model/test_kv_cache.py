@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import tiny_gpt
 
-from trajectory_transformer.model import GPTConfig, KVCache, TrajectoryGPT
+from trajectory_transformer.model import KVCache, TrajectoryGPT
 
 OBS, ACT, N = 3, 2, 7
 T = OBS + ACT + 2
 
 
 def tiny_model() -> TrajectoryGPT:
-    torch.manual_seed(0)
-    config = GPTConfig(
-        observation_dim=OBS,
-        action_dim=ACT,
-        n_bins=N,
-        sequence_transitions=3,
-        n_layer=2,
-        n_head=2,
-        embedding_dim=16,
-        dropout=0.0,
-    )
-    return TrajectoryGPT(config).eval()
+    return tiny_gpt(OBS, ACT, N, sequence_transitions=3)
 
 
 def test_update_writes_in_place_and_returns_prefix() -> None:

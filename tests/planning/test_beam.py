@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_gpt
 
 from trajectory_transformer.checkpoint import build_payload, save_atomic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.model import TrajectoryGPT
 from trajectory_transformer.planning import BeamPlanner, Plan, PlannerConfig, naive_plan
 
 OBS, ACT, N = 3, 2, 11
@@ -21,18 +22,7 @@ SMALL = dict(horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act
 def tiny_model(
     seed: int = 0, sequence_transitions: int = 6, n_bins: int = N, scale: float = 8.0
 ) -> TrajectoryGPT:
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        observation_dim=OBS,
-        action_dim=ACT,
-        n_bins=n_bins,
-        sequence_transitions=sequence_transitions,
-        n_layer=2,
-        n_head=2,
-        embedding_dim=16,
-        dropout=0.0,
-    )
-    model = TrajectoryGPT(config).eval()
+    model = tiny_gpt(OBS, ACT, n_bins, sequence_transitions, seed)
     with torch.no_grad():  # larger weights than the init, so that beams and tokens differ
         for p in model.parameters():
             p.mul_(scale)

@@ -24,7 +24,7 @@ LogFn = Callable[[dict, int], None]
 @dataclass
 class TrainSummary:
     steps: int
-    epochs_completed: int
+    epochs: float  # passes over the windows, fractional
     windows: int
     final_loss: float
     seconds: float
@@ -34,7 +34,7 @@ class TrainSummary:
 
     def line(self) -> str:
         return (
-            f"trained {self.steps} steps ({self.epochs_completed} epochs over {self.windows} "
+            f"trained {self.steps} steps ({self.epochs:.2f} epochs over {self.windows} "
             f"windows) in {self.seconds:.1f} s | final loss {self.final_loss:.4f} | "
             f"{self.tokens_per_second:,.0f} tokens/s | checkpoint {self.checkpoint}"
         )
@@ -252,7 +252,7 @@ class Trainer:
         seconds = time.perf_counter() - start_time
         return TrainSummary(
             steps=self.step,
-            epochs_completed=self.epoch,
+            epochs=self.step / self.steps_per_epoch,
             windows=len(self.windows),
             final_loss=self.last_loss,
             seconds=seconds,

@@ -141,3 +141,19 @@ def tiny_gpt(
         dropout=0.0,
     )
     return TrajectoryGPT(config).eval()
+
+
+def run_module(module: str, *args: str, timeout: float = 180.0, check: bool = False):
+    """Run `python -m module args...` as a user would, capturing its output."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=os.environ.copy(),
+        timeout=timeout,
+        check=check,
+    )

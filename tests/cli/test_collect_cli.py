@@ -1,18 +1,9 @@
-import os
-import subprocess
-import sys
-
 import minari
+from conftest import run_module
 
 
 def tt_collect(*overrides):
-    return subprocess.run(
-        [sys.executable, "-m", "trajectory_transformer.cli.collect", *overrides],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
-        timeout=180,
-    )
+    return run_module("trajectory_transformer.cli.collect", *overrides)
 
 
 def test_collect_builds_a_named_embedded_dataset():

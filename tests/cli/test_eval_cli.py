@@ -1,7 +1,6 @@
 import json
-import os
-import subprocess
-import sys
+
+from conftest import run_module
 
 SMALL_PLANNER = [
     "planner.horizon=2",
@@ -16,19 +15,7 @@ SMALL_PLANNER = [
 
 
 def tt_eval(*overrides, run_dir):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trajectory_transformer.evaluate",
-            *overrides,
-            f"hydra.run.dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
-        timeout=180,
-    )
+    return run_module("trajectory_transformer.evaluate", *overrides, f"hydra.run.dir={run_dir}")
 
 
 def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_checkpoint):

@@ -5,7 +5,7 @@ import sys
 import time
 
 import torch
-from conftest import create_dataset
+from conftest import create_dataset, run_module
 
 TINY = [
     "dataset.id=test/tiny-v0",
@@ -21,18 +21,11 @@ TINY = [
 
 
 def tt_train(*overrides, run_dir, check=True):
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trajectory_transformer.train",
-            *TINY,
-            *overrides,
-            f"hydra.run.dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        env=os.environ.copy(),
+    return run_module(
+        "trajectory_transformer.train",
+        *TINY,
+        *overrides,
+        f"hydra.run.dir={run_dir}",
         timeout=120,
         check=check,
     )

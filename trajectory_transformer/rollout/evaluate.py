@@ -51,10 +51,6 @@ class EvalResult:
     wall_seconds: float
     settings: dict = field(default_factory=dict)
 
-    @property
-    def return_mean(self) -> float:
-        return mean_and_stderr(self.returns)[0]
-
     def summary(self) -> dict:
         """The JSON written next to the checkpoint: means, standard errors, per-episode lists."""
         return_mean, return_stderr = mean_and_stderr(self.returns)
@@ -66,9 +62,7 @@ class EvalResult:
             result |= {"normalized_score_mean": None, "normalized_score_stderr": None}
             result["no_score_reason"] = self.no_score_reason
         result["ms_per_env_step"] = 1000 * self.planning_seconds / max(self.env_steps, 1)
-        result |= {k: v for k, v in asdict(self).items() if k not in ("settings",)}
-        result["settings"] = self.settings
-        return result
+        return result | asdict(self)
 
     def line(self) -> str:
         summary = self.summary()

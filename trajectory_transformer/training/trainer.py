@@ -30,7 +30,6 @@ class TrainSummary:
     seconds: float
     tokens_per_second: float
     checkpoint: Path
-    finished: bool
 
     def line(self) -> str:
         return (
@@ -258,5 +257,4 @@ class Trainer:
             seconds=seconds,
             tokens_per_second=(self.tokens_seen - start_tokens) / max(seconds, 1e-9),
             checkpoint=path,
-            finished=True,
         )

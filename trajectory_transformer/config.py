@@ -127,6 +127,12 @@ class EvalConfig:
     """Record the first episode (rgb_array rendering) as `video.<video_format>`."""
     video_format: str = "gif"
     """`gif` (Pillow) or `mp4` (needs imageio-ffmpeg)."""
+    save_plots: bool = False
+    """Write PNG figures of the first episode next to results.json: predicted vs real reward
+    and return-to-go over the episode, and for each of `plot_steps` every beam of the search,
+    the predicted reward/value distributions and the beam scores."""
+    plot_steps: list[int] = field(default_factory=lambda: [0, 50])
+    """Steps of the first episode whose whole search is plotted with `save_plots`."""
     progress: bool = True
     """Show a progress bar over env steps."""
 

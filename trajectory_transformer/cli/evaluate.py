@@ -16,6 +16,7 @@ from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resol
 from trajectory_transformer.config import ConfigError, EvalConfig
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig
 from trajectory_transformer.rollout import (
+    EpisodeRecord,
     check_env_matches,
     evaluate,
     make_vector_env,
@@ -64,7 +65,10 @@ def run(cfg: EvaluateConfig) -> dict:
     )
     try:
         check_env_matches(info, env)
-        frames = [] if cfg.eval.video else None
+        record = None
+        if cfg.eval.video or cfg.eval.save_plots:
+            steps = tuple(cfg.eval.plot_steps) if cfg.eval.save_plots else ()
+            record = EpisodeRecord(plan_steps=steps, render=cfg.eval.video)
         result = evaluate(
             planner,
             env,
@@ -72,7 +76,7 @@ def run(cfg: EvaluateConfig) -> dict:
             seed=cfg.eval.seed,
             ref_scores=(info.ref_min_score, info.ref_max_score),
             progress=cfg.eval.progress,
-            frames=frames,
+            record=record,
         )
     finally:
         env.close()
@@ -88,9 +92,14 @@ def run(cfg: EvaluateConfig) -> dict:
     }
     next_to_checkpoint = Path(cfg.checkpoint).parent / f"eval_{preset}_seed{cfg.eval.seed}.json"
     result.write(run_dir / "results.json", next_to_checkpoint)
-    if frames:
-        video = write_video(frames, run_dir / f"video.{cfg.eval.video_format}")
+    if cfg.eval.video:
+        video = write_video(record.frames, run_dir / f"video.{cfg.eval.video_format}")
         print(f"video of episode 0: {video}")
+    if cfg.eval.save_plots:
+        from trajectory_transformer.viz import save_episode_figures  # matplotlib only here
+
+        figures = save_episode_figures(record, planner, run_dir)
+        print(f"{len(figures)} figures of episode 0 in {run_dir}: {figures[0].name}, ...")
     print(f"{info.dataset_id} | planner {preset} | {result.line()}")
     print(f"results: {run_dir / 'results.json'} and {next_to_checkpoint}")
     return result.summary()

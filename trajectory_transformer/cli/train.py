@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -120,6 +123,26 @@ def train(cfg: TrainConfig) -> Path:
             wandb_run.finish()
     print(summary.line())
     return summary.checkpoint
+
+
+def train_in_subprocess(
+    run_dir: str | os.PathLike, overrides: Sequence[str] = (), reuse: bool = True
+) -> Path:
+    """Run tt-train with Hydra `overrides` in a fresh process (as a notebook or script would)
+    and return its checkpoint. With `reuse`, a checkpoint already in `run_dir` is returned
+    without training, so re-running a notebook does not train again."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if reuse and checkpoint.exists():
+        print(f"using the checkpoint trained before: {checkpoint}")
+        return checkpoint
+    command = [sys.executable, "-m", "trajectory_transformer.train", *overrides]
+    command.append(f"hydra.run.dir={run_dir}")
+    print("running", " ".join(command[2:]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    print(done.stdout, end="")  # the run's summary; the progress bar went to its stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"tt-train failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return checkpoint
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")

@@ -263,6 +263,7 @@ class BeamPlanner:
             **overrides,
         )
         planner.dataset = checkpoint.dataset
+        planner.training_config = checkpoint.config  # resolved tt-train config, for analysis
         return planner
 
     # --- per-environment state ------------------------------------------------------------
@@ -284,6 +285,7 @@ class BeamPlanner:
         self._plan_age = np.full(E, H, dtype=np.int64)  # steps taken since the last plan
         self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
         self._pending_envs = np.zeros(E, dtype=bool)
+        self.last_plan: Plan | None = None  # the latest search of `act`, all beams
 
     def _as_batch(self, observations: np.ndarray | torch.Tensor) -> torch.Tensor:
         obs = torch.as_tensor(observations, dtype=torch.float32, device=self.device)
@@ -320,7 +322,7 @@ class BeamPlanner:
         mask = self._mask(active)
         stale = mask & (self._plan_age >= self.config.plan_every)
         if stale.any():
-            plan = self.plan(obs, active=stale)
+            self.last_plan = plan = self.plan(obs, active=stale)
             envs = torch.from_numpy(np.flatnonzero(stale)).to(self.device)
             n_obs, n_act = self.observation_dim, self.action_dim
             best = plan.tokens[envs, plan.best[envs]]  # (n, H, T)

@@ -7,15 +7,20 @@ from trajectory_transformer.rollout.envs import (
     make_vector_env,
 )
 from trajectory_transformer.rollout.evaluate import EvalResult, evaluate, normalized_score
-from trajectory_transformer.rollout.video import write_video
+from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot, record_episode
+from trajectory_transformer.rollout.video import render_observations, write_video
 
 __all__ = [
     "EnvMismatchError",
+    "EpisodeRecord",
     "EvalResult",
+    "PlanSnapshot",
     "check_env_matches",
     "evaluate",
     "make_env",
     "make_vector_env",
     "normalized_score",
+    "record_episode",
+    "render_observations",
     "write_video",
 ]

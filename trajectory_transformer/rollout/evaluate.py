@@ -13,6 +13,8 @@ import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
+from trajectory_transformer.rollout.record import EpisodeRecord
+
 
 class Agent(Protocol):
     """What evaluation needs of a policy: `BeamPlanner` is one."""
@@ -93,13 +95,14 @@ def evaluate(
     seed: int = 0,
     ref_scores: tuple[float | None, float | None] = (None, None),
     progress: bool = True,
-    frames: list[np.ndarray] | None = None,
+    record: EpisodeRecord | None = None,
 ) -> EvalResult:
     """Play `episodes` episodes with seeds `seed, seed+1, ...`, `env.num_envs` at a time.
 
     Each wave starts every env with its own seed and runs until all of them are done. A
     finished env keeps stepping (its auto-reset episode is ignored) so shapes never change.
-    When `frames` is a list, the first episode's rendered frames are appended to it.
+    `record` is filled with the first episode (env 0 of the first wave): its steps, the
+    agent's plans and, when `record.render`, its frames.
     """
     num_envs = env.num_envs
     returns, lengths, seeds = [], [], []
@@ -122,22 +125,27 @@ def evaluate(
         length = np.zeros(num_envs, dtype=np.int64)
         active = np.zeros(num_envs, dtype=bool)
         active[:wanted] = True
-        record = frames is not None and wave_start == 0
-        if record:
-            frames.append(env.call("render")[0])
+        recording = record is not None and wave_start == 0
+        if recording:
+            record.begin(observations[0], wave_seeds[0], _frame(env, record))
         while active.any():
+            plan_before = getattr(agent, "last_plan", None)
             tic = time.perf_counter()
             actions = agent.act(observations, active)  # finished envs are not planned
             planning_seconds += time.perf_counter() - tic
+            if recording and active[0]:
+                record.after_act(agent, observations, plan_before)
             observations, rewards, terminated, truncated, _ = env.step(actions)
             dones = terminated | truncated
             agent.observe(rewards, dones)
+            if recording and active[0]:
+                record.after_step(
+                    actions[0], rewards[0], observations[0], terminated[0], _frame(env, record)
+                )
             env_steps += int(active.sum())
             bar.update(int(active.sum()))
             running[active] += rewards[active]
             length[active] += 1
-            if record and active[0]:
-                frames.append(env.call("render")[0])
             for i in np.flatnonzero(active & dones):
                 returns.append(float(running[i]))
                 lengths.append(int(length[i]))
@@ -158,3 +166,7 @@ def evaluate(
         env_steps=env_steps,
         wall_seconds=time.perf_counter() - start,
     )
+
+
+def _frame(env: gym.vector.VectorEnv, record: EpisodeRecord) -> np.ndarray | None:
+    return env.call("render")[0] if record.render else None

@@ -90,3 +90,22 @@ def test_video_of_the_first_episode(tmp_path, tiny_checkpoint):
 
     frames = imageio.mimread(tmp_path / "video.gif")
     assert len(frames) == 5  # the reset frame and one per step
+
+
+def test_save_plots_writes_figures_next_to_the_results(tmp_path, tiny_checkpoint):
+    run_dir = tmp_path / "eval"
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}",
+        *SMALL_PLANNER,
+        "eval.save_plots=true",
+        "eval.plot_steps=[0,3]",
+        run_dir=run_dir,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (run_dir / "results.json").exists()
+    pngs = sorted(path.name for path in run_dir.glob("*.png"))
+    assert pngs == sorted(
+        ["episode_predictions.png"]
+        + [f"plan_step{s}_{k}.png" for s in (0, 3) for k in ("beams", "predictions", "scores")]
+    )
+    assert "figures of episode 0" in result.stdout

@@ -4,6 +4,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 from conftest import create_dataset, run_module
 
@@ -97,3 +98,21 @@ def test_ctrl_c_writes_a_checkpoint_to_resume_from(tmp_path):
     assert "resume=" in stderr
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["training"]
     assert state["step"] > 0 and not state["finished"]
+
+
+def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):
+    from trajectory_transformer.cli import train as train_cli
+
+    create_dataset("test/tiny-v0")
+    overrides = [*TINY, "trainer.max_steps=2"]
+    checkpoint = train_cli.train_in_subprocess(tmp_path / "run", overrides)
+    assert checkpoint == tmp_path / "run" / "checkpoint.pt" and checkpoint.exists()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(train_cli.subprocess, "run", no_training)
+    assert train_cli.train_in_subprocess(tmp_path / "run", overrides) == checkpoint
+    with pytest.raises(RuntimeError, match="tt-train failed"):
+        monkeypatch.undo()
+        train_cli.train_in_subprocess(tmp_path / "bad", ["dataset.id=test/missing-v0"])

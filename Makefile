@@ -27,12 +27,12 @@ demo: $(VENV)/.installed
 	$(BIN)/tt-eval checkpoint=$(DEMO_DIR)/checkpoint.pt hydra.run.dir=$(DEMO_DIR)/eval
 
 test: $(VENV)/.installed-test
-	$(BIN)/ruff check trajectory_transformer tests scripts
+	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check trajectory_transformer tests scripts
-	$(BIN)/ruff format --check trajectory_transformer tests scripts
+	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
+	$(BIN)/ruff format --check trajectory_transformer tests scripts notebooks
 
 bench: $(VENV)/.installed
 	$(BIN)/python scripts/bench_train.py

@@ -74,8 +74,10 @@ def sample_tokens(
 ) -> torch.Tensor:
     """Tokens (...,) from logits (..., N): greedy when `deterministic`, else filtered draws.
 
-    Greedy ignores the filters and the temperature: none of them moves the argmax.
+    Greedy ignores the filters and the temperature: none of them moves the argmax. Top-1 (the
+    planner's default for observations) keeps only the argmax, so it is greedy too and draws
+    nothing.
     """
-    if deterministic:
+    if deterministic or top_k == 1:
         return logits.argmax(dim=-1)
     return sample_categorical(filter_logits(logits, temperature, top_k, cdf), generator)

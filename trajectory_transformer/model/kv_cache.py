@@ -1,7 +1,8 @@
 """Static key/value cache for incremental decoding (gpt-fast style).
 
 Buffers are allocated once per planning call and written in place; rows (beams) are
-re-indexed with `reorder_`. Nothing here grows with `torch.cat` or syncs with the host.
+re-indexed with `reorder_` and copied to their expansion copies with `repeat_rows_`. Nothing
+here grows with `torch.cat` or syncs with the host.
 """
 
 from __future__ import annotations

@@ -74,6 +74,37 @@ def test_reorder_rejects_too_many_rows() -> None:
         cache.reorder_(torch.zeros(3, dtype=torch.long), length=2)
 
 
+def test_repeat_rows_equals_reorder_by_repeated_rows() -> None:
+    g = torch.Generator().manual_seed(4)
+    cache = KVCache(n_layer=2, rows=7, n_head=2, max_len=6, head_dim=3)
+    cache.keys.copy_(torch.randn(cache.keys.shape, generator=g))
+    cache.values.copy_(torch.randn(cache.values.shape, generator=g))
+    expected = KVCache(n_layer=2, rows=7, n_head=2, max_len=6, head_dim=3)
+    expected.keys.copy_(cache.keys)
+    expected.values.copy_(cache.values)
+    cache.repeat_rows_(rows=2, copies=3, length=5, start=1)
+    expected.reorder_(torch.arange(2).repeat(3), length=5, start=1)
+    assert torch.equal(cache.keys, expected.keys) and torch.equal(cache.values, expected.values)
+    with pytest.raises(ValueError, match="exceeds"):
+        cache.repeat_rows_(rows=2, copies=4, length=5)
+
+
+@torch.no_grad()
+def test_shared_prefix_repeat_rows_moves_only_own_positions() -> None:
+    model = tiny_model()
+    cache = model.new_shared_prefix_cache(2, 3, 12, prefix_len=T, own_len=T)
+    g = torch.Generator().manual_seed(5)
+    model.prefill(torch.randint(0, N, (2, T), generator=g), cache)
+    model.prefill(torch.randint(0, N, (12, 2), generator=g), cache, start=T)
+    prefix_keys, own_keys = cache.prefix.keys.clone(), cache.own.keys.clone()
+    cache.repeat_rows_(6, 2, T + 2)
+    assert torch.equal(cache.prefix.keys, prefix_keys)
+    assert torch.equal(cache.own.keys[:, 6:, :, :2], own_keys[:, :6, :, :2])
+    assert torch.equal(cache.own.keys[:, :6], own_keys[:, :6])
+    with pytest.raises(ValueError, match="whole groups"):
+        cache.repeat_rows_(4, 2, T + 2)
+
+
 def grouped_tokens(g: torch.Generator, groups: int, members: int, copies: int, prefix: int):
     """Random full sequences for rows ordered (copy, group, member), sharing a prefix per group."""
     model_len = 3 * T

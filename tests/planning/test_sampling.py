@@ -58,6 +58,15 @@ def test_deterministic_is_argmax_and_draws_nothing() -> None:
     assert torch.equal(g.get_state(), state)
 
 
+def test_top_1_is_argmax_and_draws_nothing() -> None:
+    logits = torch.randn(64, 11, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1)
+    state = g.get_state()
+    tokens = sample_tokens(logits, g, temperature=0.5, top_k=1, cdf=0.3)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
+    assert torch.equal(g.get_state(), state)
+
+
 def test_sampling_follows_the_distribution_and_the_seed() -> None:
     probs = torch.tensor([0.1, 0.2, 0.7, 0.0])
     logits = probs.log().expand(20000, 4)

@@ -1,7 +1,8 @@
 """Static key/value cache for incremental decoding (gpt-fast style).
 
 Buffers are allocated once per planning call and written in place; rows (beams) are
-re-indexed with `reorder_`. Nothing here grows with `torch.cat` or syncs with the host.
+re-indexed with `reorder_` and copied to their expansion copies with `repeat_rows_`. Nothing
+here grows with `torch.cat` or syncs with the host.
 """
 
 from __future__ import annotations
@@ -77,6 +78,24 @@ class KVCache:
             for layer in buf:  # (R, nh, M, hs)
                 span = layer[:, :, start:length]  # (R, nh, length - start, hs)
                 layer[:n, :, start:length] = span.index_select(0, parent)
+
+    @torch.no_grad()
+    def repeat_rows_(self, rows: int, copies: int, length: int, start: int = 0) -> None:
+        """Rows [0, rows) repeated `copies` times, as `Tensor.repeat` would lay them out: row
+        `c * rows + i` becomes row i, for positions [start, length) only.
+
+        A plain copy: cheaper than `reorder_` with the parent `arange(rows).repeat(copies)`,
+        which gathers through a temporary and also rewrites the first `rows` rows.
+        """
+        if rows * copies > self.rows or length > self.max_len or not 0 <= start <= length:
+            raise ValueError(
+                f"repeat_rows_ of {rows} rows x {copies} copies over positions [{start}, "
+                f"{length}) exceeds the cache ({self.rows} rows x {self.max_len} positions)"
+            )
+        for buf in (self.keys, self.values):
+            source = buf[:, :rows, :, start:length]  # (L, rows, nh, length - start, hs)
+            for copy in range(1, copies):
+                buf[:, copy * rows : (copy + 1) * rows, :, start:length] = source
 
     @property
     def device(self) -> torch.device:
@@ -186,6 +205,18 @@ class SharedPrefixKVCache:
                 "share it, so start at or after it"
             )
         self.own.reorder_(parent, length - P, start - P)
+
+    def repeat_rows_(self, rows: int, copies: int, length: int, start: int | None = None) -> None:
+        """Rows [0, rows) repeated `copies` times (see `KVCache.repeat_rows_`) at absolute
+        positions [start, length); `rows` must be whole groups, so every copy keeps its group."""
+        P = self.prefix_length
+        start = P if start is None else start
+        if start < P or rows % (self.groups * self.rows_per_prefix) != 0:
+            raise ValueError(
+                f"repeat_rows_ of {rows} rows from position {start} must copy whole groups of "
+                f"{self.groups} x {self.rows_per_prefix} rows after the shared prefix [0, {P})"
+            )
+        self.own.repeat_rows_(rows, copies, length - P, start - P)
 
     @property
     def max_len(self) -> int:

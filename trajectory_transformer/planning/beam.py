@@ -482,7 +482,6 @@ class BeamPlanner:
         values = torch.zeros(rows, H, device=device)
         so_far = torch.zeros(rows, device=device)  # sum_{i<h} discount^i reward_i
         env_offset = torch.arange(G, device=device)[:, None] * B  # (G, 1)
-        copies = torch.arange(beams, device=device).repeat(X)  # (rows,)
         reward_dim, value_dim = n_obs + n_act, n_obs + n_act + 1
 
         for h in range(H):
@@ -513,16 +512,17 @@ class BeamPlanner:
             so_far = so_far.index_select(0, parent)
             if last:
                 break
-            # Positions before `C` are the env's shared context: only the plan moves.
-            cache.reorder_(parent, p + n_act + 1, start=C)
+            # Positions before `C` are the env's shared context: only the plan moves, and only
+            # on the beams; the other expansion copies are refilled after the observation.
+            cache.reorder_(chosen, p + n_act + 1, start=C)
 
             # Value token, then the next observation, on the beams only.
             logits = model.decode_step(tokens[:beams, q + n_act + 1], cache, p + n_act + 1)
             for i in range(n_obs):
                 tokens[:beams, q + n_act + 2 + i] = token = self._sample(logits[:beams], "obs")
                 logits = model.decode_step(token, cache, p + n_act + 2 + i)  # (beams, N)
-            if X > 1:  # copy the new positions to the other expansion copies
-                cache.reorder_(copies, p + n_act + 2 + n_obs, start=p + n_act + 1)
+            if X > 1:  # the other expansion copies continue the beams
+                cache.repeat_rows_(beams, X, p + n_act + 2 + n_obs, start=C)
                 span = slice(q + n_act + 2, q + n_act + 2 + n_obs)
                 tokens[beams:, span] = tokens[:beams, span].repeat(X - 1, 1)
                 logits = logits.repeat(X, 1)  # (rows, N)

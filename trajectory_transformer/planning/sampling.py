@@ -58,8 +58,11 @@ def filter_logits(
 def sample_categorical(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token index (...,) int64 per row of logits (..., N), drawn with `generator`."""
     probs = logits.softmax(dim=-1)
-    # clamp: a zero draw would turn a zero-probability token into 0/0 = NaN, which argmax picks
-    race = torch.empty_like(probs).exponential_(1.0, generator=generator).clamp_min_(1e-30)
+    # Exp(1) draws as -log(U), several times faster than `exponential_` on CPU. U < 1 keeps
+    # every draw above 0 (a zero draw would turn a zero-probability token into 0/0 = NaN, which
+    # argmax picks); the clamp keeps it finite, so a possible token always beats impossible ones.
+    uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)
+    race = uniform.clamp_min_(1e-30).log_().neg_()  # (..., N)
     return (probs / race).argmax(dim=-1)
 
 
@@ -74,8 +77,10 @@ def sample_tokens(
 ) -> torch.Tensor:
     """Tokens (...,) from logits (..., N): greedy when `deterministic`, else filtered draws.
 
-    Greedy ignores the filters and the temperature: none of them moves the argmax.
+    Greedy ignores the filters and the temperature: none of them moves the argmax. Top-1 (the
+    planner's default for observations) keeps only the argmax, so it is greedy too and draws
+    nothing.
     """
-    if deterministic:
+    if deterministic or top_k == 1:
         return logits.argmax(dim=-1)
     return sample_categorical(filter_logits(logits, temperature, top_k, cdf), generator)

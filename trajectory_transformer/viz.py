@@ -26,6 +26,7 @@ from trajectory_transformer.diagnostics import (
     value_targets_of,
 )
 from trajectory_transformer.model.gpt import trajectory_attention_mask
+from trajectory_transformer.planning.beam import BeamPlanner
 from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot
 
 BEAM_COLOUR = "0.6"
@@ -248,6 +249,8 @@ def plot_token_accuracy(
     bottom.set_ylabel("mean |x - decode(encode(x))|\n(% of the dimension's range)")
     bottom.set_title("Discretizer round-trip error per dimension")
     bottom.set_xticks(x, names, rotation=45, ha="right")
+    for ax in (top, bottom):
+        ax.set_xlabel("transition dimension")
     return fig
 
 
@@ -320,7 +323,7 @@ def plot_compounding_error(error: CompoundingError) -> Figure:
 
 def save_episode_figures(
     record: EpisodeRecord,
-    planner,
+    planner: BeamPlanner,
     directory: str | Path,
     names: Sequence[str] | None = None,
     discount: float | None = None,

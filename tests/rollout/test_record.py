@@ -87,7 +87,8 @@ def test_value_targets_are_the_trained_reward_to_go():
 
 
 @pytest.mark.parametrize("env_id", ["Pendulum-v1", "HalfCheetah-v5", "Hopper-v5"])
-def test_state_set_from_an_observation_reproduces_it(env_id):
+def test_state_set_from_an_observation_reproduces_it(env_id, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes its warnings to MUJOCO_LOG.TXT here
     source, target = gym.make(env_id), gym.make(env_id)
     source.reset(seed=1)
     for _ in range(5):  # move away from the reset distribution

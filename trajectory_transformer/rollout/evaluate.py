@@ -129,7 +129,7 @@ def evaluate(
         if recording:
             record.begin(observations[0], wave_seeds[0], _frame(env, record))
         while active.any():
-            plan_before = getattr(agent, "last_plan", None)
+            plan_before = getattr(agent, "last_plan", None) if recording else None
             tic = time.perf_counter()
             actions = agent.act(observations, active)  # finished envs are not planned
             planning_seconds += time.perf_counter() - tic

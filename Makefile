@@ -16,6 +16,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install "$(TORCH)"
 	$(BIN)/pip install -e .
+	$(BIN)/python -c "from trajectory_transformer.model import native; native.main()"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed

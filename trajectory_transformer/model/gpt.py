@@ -4,18 +4,23 @@ A transition is `obs (O) | act (A) | reward | value`, T = O + A + 2 tokens; sequ
 i holds dimension i % T. Tokens are raw bin indices in [0, n_bins); the model offsets them
 per dimension itself. Three entry points share one trunk and one attention mask:
 `forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache or
-a SharedPrefixKVCache).
+a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache runs the native
+attention kernel (`native.py`) and applies the blocks' parameters through
+`torch.nn.functional` directly: at one token per row, module calls and small attention
+operators cost more than the matrix products.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trajectory_transformer.model import native
 from trajectory_transformer.model.kv_cache import KVCache, SharedPrefixKVCache
 
 
@@ -317,9 +322,69 @@ class TrajectoryGPT(nn.Module):
         self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, position: int
     ) -> torch.Tensor:
         """Logits (B, N) for one new token (B,) at `position`, attending over [0, position]."""
-        h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
+        kernel = self._native_attention(cache, position)
+        if kernel is not None:
+            h = self._decode_native(tokens, cache, position, kernel)  # (B, d)
+        else:
+            h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
         dim = position % self.config.transition_dim
         return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
+
+    def _native_attention(
+        self, cache: KVCache | SharedPrefixKVCache, position: int
+    ) -> Callable[..., torch.Tensor] | None:
+        """The native decode attention where it applies (inference on the CPU in float32,
+        after a shared prefix), else None."""
+        p = self.head_weight
+        if (
+            not attends_shared_prefix(cache, position)
+            or self.training
+            or torch.is_grad_enabled()
+            or p.device.type != "cpu"
+            or p.dtype != torch.float32
+        ):
+            return None
+        return native.decode_attention_kernel()
+
+    def _decode_native(
+        self,
+        tokens: torch.Tensor,
+        cache: SharedPrefixKVCache,
+        position: int,
+        attention: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
+        """`_trunk` for one token per row (B,) at `position`, with the native attention;
+        hidden states (B, d). The same computation as the modules' forward, in eval mode."""
+        B, d, T = tokens.shape[0], self.config.embedding_dim, self.config.transition_dim
+        if position >= self.config.block_size:
+            raise ValueError(f"position {position} exceeds the block size {self.config.block_size}")
+        x = (
+            self.tok_emb.weight[tokens + self.token_offsets[position]]
+            + self.pos_emb.weight[position]
+        )
+        P = cache.prefix_length
+        for layer, block in enumerate(self.blocks):
+            ln_1, attn, ln_2, mlp = block.ln_1, block.attn, block.ln_2, block.mlp
+            h = F.layer_norm(x, (d,), ln_1.weight, ln_1.bias, ln_1.eps)
+            qkv = F.linear(h, attn.c_attn.weight, attn.c_attn.bias)  # (B, 3d)
+            prefix_k, prefix_v, own_k, own_v = cache.layer_buffers(layer, position, B)
+            y = attention(
+                qkv,
+                prefix_k,
+                prefix_v,
+                own_k,
+                own_v,
+                cache.groups,
+                cache.rows_per_prefix,
+                P,
+                position - P,
+                T,
+            )  # (B, d); writes this token's key and value into the cache
+            x = F.linear(y, attn.c_proj.weight, attn.c_proj.bias).add_(x)
+            h = F.layer_norm(x, (d,), ln_2.weight, ln_2.bias, ln_2.eps)
+            h = F.gelu(F.linear(h, mlp.c_fc.weight, mlp.c_fc.bias))
+            x = F.linear(h, mlp.c_proj.weight, mlp.c_proj.bias).add_(x)
+        return F.layer_norm(x, (d,), self.ln_f.weight, self.ln_f.bias, self.ln_f.eps)
 
     def configure_optimizer(
         self, learning_rate: float, weight_decay: float, betas: tuple[float, float]

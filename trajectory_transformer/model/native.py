@@ -1,0 +1,105 @@
+"""Native CPU kernels, compiled once per machine with `torch.utils.cpp_extension`.
+
+The planner's decode steps on the CPU spend most of their time in the attention of one new
+token over a shared-prefix cache: many tiny operators in eager PyTorch. `csrc/` holds that
+attention as one C++ function; it is built on first use (about a minute, with the machine's
+C++ compiler and ninja) into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
+`~/.cache/torch_extensions`) and loaded from there afterwards. `make demo` and `make test`
+build it during setup (`native.main()`).
+
+Where it cannot be built (no compiler), the model falls back to the PyTorch implementation
+with one warning; results agree up to float rounding. `TT_NATIVE_KERNELS=0` in the environment,
+or `native_kernels(False)`, turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+ENV_SWITCH = "TT_NATIVE_KERNELS"
+
+_enabled = os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+_module: object | None = None
+_failure: str | None = None
+
+
+def _build_options() -> tuple[str, list[str]]:
+    """Extension name and compiler flags for this CPU.
+
+    The name carries the instruction set, so a cache shared between machines (a cluster's home
+    directory) never loads AVX2 code on a CPU without it.
+    """
+    capability = torch.backends.cpu.get_cpu_capability()  # "DEFAULT", "AVX2", "AVX512", ...
+    flags = ["-O3", "-ffast-math", "-fopenmp"]
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    if x86 and capability in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]
+    else:
+        capability = "generic"
+    return f"trajectory_transformer_decode_{capability.lower()}", flags
+
+
+def load(verbose: bool = False) -> object | None:
+    """The compiled extension (built now if needed), or None where it cannot be built."""
+    global _module, _failure
+    if _module is not None or _failure is not None:
+        return _module
+    from torch.utils.cpp_extension import load as load_extension
+
+    name, flags = _build_options()
+    try:
+        _module = load_extension(name, [str(SOURCE)], extra_cflags=flags, verbose=verbose)
+    except Exception as error:  # compiler, ninja or linker missing or failing
+        _failure = f"{type(error).__name__}: {str(error).strip()[-800:]}"
+        warnings.warn(
+            "the native CPU decode kernel could not be built, so planning uses the slower "
+            f"PyTorch path ({_failure}); install a C++ compiler and `pip install ninja`, or "
+            f"set {ENV_SWITCH}=0 to silence this",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return _module
+
+
+def decode_attention_kernel() -> Callable[..., torch.Tensor] | None:
+    """The native decode attention, or None when the kernels are off or unavailable."""
+    if not _enabled:
+        return None
+    module = _module if _module is not None else load()
+    return None if module is None else module.decode_attention
+
+
+def native_kernels_enabled() -> bool:
+    return _enabled
+
+
+@contextlib.contextmanager
+def native_kernels(enabled: bool) -> Iterator[None]:
+    """Turn the native kernels on or off inside a `with` block (e.g. to compare both paths)."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    try:
+        yield
+    finally:
+        _enabled = previous
+
+
+def main() -> None:
+    """Build the kernels now (setup step of `make demo` and `make test`)."""
+    start = time.perf_counter()
+    module = load(verbose=False)
+    name, flags = _build_options()
+    if module is None:
+        print(f"native kernels unavailable: {_failure}; the PyTorch path will be used")
+    else:
+        took = time.perf_counter() - start
+        print(f"native kernel {name} ready ({took:.1f} s; flags {' '.join(flags)})")

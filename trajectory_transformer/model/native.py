@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import shutil
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -48,6 +49,15 @@ def _build_options() -> tuple[str, list[str]]:
     return f"trajectory_transformer_decode_{capability.lower()}", flags
 
 
+def _put_ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the `ninja` package's copy sits next to the interpreter of
+    an environment that need not be activated."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 def load(verbose: bool = False) -> object | None:
     """The compiled extension (built now if needed), or None where it cannot be built."""
     global _module, _failure
@@ -57,6 +67,7 @@ def load(verbose: bool = False) -> object | None:
 
     name, flags = _build_options()
     try:
+        _put_ninja_on_path()
         _module = load_extension(name, [str(SOURCE)], extra_cflags=flags, verbose=verbose)
     except Exception as error:  # compiler, ninja or linker missing or failing
         _failure = f"{type(error).__name__}: {str(error).strip()[-800:]}"

@@ -3,6 +3,7 @@
     python scripts/bench_planner.py                 # paper HalfCheetah settings, 1 env, cached
     python scripts/bench_planner.py --envs 10
     python scripts/bench_planner.py --naive --reps 1
+    python scripts/bench_planner.py --compare-torch  # native CPU kernel vs PyTorch, alternated
 
 Prints a short summary, then as its last line one JSON object with `ms_per_plan`,
 `ms_per_env_step` (= ms_per_plan / envs), the settings, the matmul FLOPs of one plan call
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig, naive_plan
 
 
@@ -45,6 +46,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--naive", action="store_true", help="time the naive planner instead")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--no-native", action="store_true", help="decode without the native CPU kernel"
+    )
+    parser.add_argument(
+        "--compare-torch",
+        action="store_true",
+        help="alternate plan calls with and without the native CPU kernel in this process",
+    )
     return parser.parse_args()
 
 
@@ -156,16 +165,26 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def timed(use_native: bool) -> float:
+        with native.native_kernels(use_native):
+            sync()
+            start = time.perf_counter()
+            plan()
+            sync()
+            return time.perf_counter() - start
+
+    use_native = not args.no_native and device.type == "cpu"
+    if use_native and native.decode_attention_kernel() is None:
+        raise SystemExit("the native kernel is unavailable here; run with --no-native")
+    variants = [use_native, False] if args.compare_torch and use_native else [use_native]
     for _ in range(args.warmup):
-        plan()
-    times = []
-    for _ in range(args.reps):
-        sync()
-        start = time.perf_counter()
-        plan()
-        sync()
-        times.append(time.perf_counter() - start)
-    ms = 1e3 * float(np.median(times))
+        for variant in variants:
+            timed(variant)
+    times: dict[bool, list[float]] = {variant: [] for variant in variants}
+    for _ in range(args.reps):  # alternated, so both see the same machine load
+        for variant in variants:
+            times[variant].append(timed(variant))
+    ms = 1e3 * float(np.median(times[use_native]))
     flops = plan_flops(gpt, planner.config, args.envs)
     kv_bytes = attention_kv_bytes(gpt, planner.config, args.envs)
     kv_bytes_unshared = attention_kv_bytes(gpt, planner.config, args.envs, shared=False)
@@ -173,7 +192,8 @@ def main() -> None:
         "planner": "naive" if args.naive else "cached",
         "ms_per_plan": round(ms, 2),
         "ms_per_env_step": round(ms / args.envs, 2),
-        "ms_per_plan_min": round(1e3 * min(times), 2),
+        "ms_per_plan_min": round(1e3 * min(times[use_native]), 2),
+        "native_kernel": use_native and not args.naive,
         "flops_per_plan": flops,  # the cached planner's work, also for --naive
         "gflops_per_s": round(flops / (ms * 1e6), 2),
         "kv_bytes_per_plan": kv_bytes,  # attention reads of the cached planner's decode steps
@@ -184,6 +204,10 @@ def main() -> None:
         "reps": args.reps,
         **{k: v for k, v in vars(args).items() if k not in ("naive", "reps", "device", "threads")},
     }
+    if len(variants) == 2:
+        ms_torch = 1e3 * float(np.median(times[False]))
+        result["ms_per_plan_torch"] = round(ms_torch, 2)
+        result["speedup_native"] = round(ms_torch / ms, 3)
     print(
         f"{result['planner']} planner, {args.envs} env(s), beam {args.beam} x expand "
         f"{args.expand}, horizon {args.horizon}, context {args.context} on {device} "
@@ -193,6 +217,11 @@ def main() -> None:
         f"{kv_bytes / 1e9:.2f} GB of cached keys/values ({kv_bytes_unshared / 1e9:.2f} GB "
         "without the shared context)"
     )
+    if len(variants) == 2:
+        print(
+            f"without the native kernel: {result['ms_per_plan_torch']:.1f} ms per plan, so the "
+            f"kernel is {result['speedup_native']:.2f}x faster (medians, calls alternated)"
+        )
     print(json.dumps(result))
 
 

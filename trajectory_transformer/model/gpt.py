@@ -322,22 +322,36 @@ class TrajectoryGPT(nn.Module):
         self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, position: int
     ) -> torch.Tensor:
         """Logits (B, N) for one new token (B,) at `position`, attending over [0, position]."""
-        kernel = self._native_attention(cache, position)
-        if kernel is not None:
-            h = self._decode_native(tokens, cache, position, kernel)  # (B, d)
-        else:
+        return self.decoder(cache)(tokens, position)
+
+    def decoder(
+        self, cache: KVCache | SharedPrefixKVCache
+    ) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """`decode_step` bound to one cache: `step(tokens (B,), position) -> logits (B, N)`.
+
+        A planner makes a hundred dependent decode steps per search, so what can be looked up
+        once (parameters, cache buffers, which path applies) is looked up here.
+        """
+        T = self.config.transition_dim
+
+        def module_step(tokens: torch.Tensor, position: int) -> torch.Tensor:
             h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
-        dim = position % self.config.transition_dim
-        return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
+            dim = position % T
+            return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
+
+        attention = self._native_attention(cache)
+        if attention is None:
+            return module_step
+        return self._native_decoder(cache, attention, module_step)
 
     def _native_attention(
-        self, cache: KVCache | SharedPrefixKVCache, position: int
+        self, cache: KVCache | SharedPrefixKVCache
     ) -> Callable[..., torch.Tensor] | None:
-        """The native decode attention where it applies (inference on the CPU in float32,
-        after a shared prefix), else None."""
+        """The native decode attention where it applies (inference on the CPU in float32, with
+        a shared-prefix cache), else None."""
         p = self.head_weight
         if (
-            not attends_shared_prefix(cache, position)
+            not isinstance(cache, SharedPrefixKVCache)
             or self.training
             or torch.is_grad_enabled()
             or p.device.type != "cpu"
@@ -346,45 +360,62 @@ class TrajectoryGPT(nn.Module):
             return None
         return native.decode_attention_kernel()
 
-    def _decode_native(
+    def _native_decoder(
         self,
-        tokens: torch.Tensor,
         cache: SharedPrefixKVCache,
-        position: int,
         attention: Callable[..., torch.Tensor],
-    ) -> torch.Tensor:
-        """`_trunk` for one token per row (B,) at `position`, with the native attention;
-        hidden states (B, d). The same computation as the modules' forward, in eval mode."""
-        B, d, T = tokens.shape[0], self.config.embedding_dim, self.config.transition_dim
-        if position >= self.config.block_size:
-            raise ValueError(f"position {position} exceeds the block size {self.config.block_size}")
-        x = (
-            self.tok_emb.weight[tokens + self.token_offsets[position]]
-            + self.pos_emb.weight[position]
-        )
-        P = cache.prefix_length
-        for layer, block in enumerate(self.blocks):
-            ln_1, attn, ln_2, mlp = block.ln_1, block.attn, block.ln_2, block.mlp
-            h = F.layer_norm(x, (d,), ln_1.weight, ln_1.bias, ln_1.eps)
-            qkv = F.linear(h, attn.c_attn.weight, attn.c_attn.bias)  # (B, 3d)
-            prefix_k, prefix_v, own_k, own_v = cache.layer_buffers(layer, position, B)
-            y = attention(
-                qkv,
-                prefix_k,
-                prefix_v,
-                own_k,
-                own_v,
-                cache.groups,
-                cache.rows_per_prefix,
-                P,
-                position - P,
-                T,
-            )  # (B, d); writes this token's key and value into the cache
-            x = F.linear(y, attn.c_proj.weight, attn.c_proj.bias).add_(x)
-            h = F.layer_norm(x, (d,), ln_2.weight, ln_2.bias, ln_2.eps)
-            h = F.gelu(F.linear(h, mlp.c_fc.weight, mlp.c_fc.bias))
-            x = F.linear(h, mlp.c_proj.weight, mlp.c_proj.bias).add_(x)
-        return F.layer_norm(x, (d,), self.ln_f.weight, self.ln_f.bias, self.ln_f.eps)
+        module_step: Callable[[torch.Tensor, int], torch.Tensor],
+    ) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        """The decode step with the native attention: the modules' computation in eval mode,
+        with their parameters applied through torch functions directly (module calls and
+        attribute lookups cost as much as the math at one token per row)."""
+        c = self.config
+        d, T, block_size = c.embedding_dim, c.transition_dim, c.block_size
+        layers = [
+            (
+                b.ln_1.weight,
+                b.ln_1.bias,
+                b.ln_1.eps,
+                b.attn.c_attn.weight,
+                b.attn.c_attn.bias,
+                b.attn.c_proj.weight,
+                b.attn.c_proj.bias,
+                b.ln_2.weight,
+                b.ln_2.bias,
+                b.ln_2.eps,
+                b.mlp.c_fc.weight,
+                b.mlp.c_fc.bias,
+                b.mlp.c_proj.weight,
+                b.mlp.c_proj.bias,
+                *cache.layer_buffers(layer),  # prefix keys, values; own keys, values
+            )
+            for layer, b in enumerate(self.blocks)
+        ]
+        tok_emb, pos_emb, offsets = self.tok_emb.weight, self.pos_emb.weight, self.token_offsets
+        ln_f = (self.ln_f.weight, self.ln_f.bias, self.ln_f.eps)
+        head_weight, head_bias = self.head_weight, self.head_bias
+
+        def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
+            if position == 0:  # this token starts the shared prefix: the prefill path
+                return module_step(tokens, position)
+            if position >= block_size:
+                raise ValueError(f"position {position} exceeds the block size {block_size}")
+            B = tokens.shape[0]
+            cache.check_extension(position, B)
+            P, groups, members = cache.prefix_length, cache.groups, cache.rows_per_prefix
+            x = tok_emb[tokens + offsets[position]] + pos_emb[position]  # (B, d)
+            for w1, b1, e1, wa, ba, wp, bp, w2, b2, e2, wf, bf, wo, bo, pk, pv, ok, ov in layers:
+                h = torch.layer_norm(x, (d,), w1, b1, e1)
+                qkv = F.linear(h, wa, ba)  # (B, 3d)
+                y = attention(qkv, pk, pv, ok, ov, groups, members, P, position - P, T)  # (B, d)
+                x = F.linear(y, wp, bp).add_(x)  # the kernel also wrote this token's key, value
+                h = F.gelu(F.linear(torch.layer_norm(x, (d,), w2, b2, e2), wf, bf))
+                x = F.linear(h, wo, bo).add_(x)
+            h = torch.layer_norm(x, (d,), *ln_f)
+            dim = position % T
+            return h @ head_weight[dim] + head_bias[dim]  # (B, N)
+
+        return step
 
     def configure_optimizer(
         self, learning_rate: float, weight_decay: float, betas: tuple[float, float]

@@ -175,7 +175,7 @@ class SharedPrefixKVCache:
         Returns the prefix keys and values (G, nh, prefix_length, hs) and the rows' own keys
         and values over [prefix_length, start+s), (R, nh, start+s-prefix_length, hs).
         """
-        self._check_extension(start, k.shape[0])
+        self.check_extension(start, k.shape[0])
         P = self.prefix_length
         keys, values = self.own.update(layer, start - P, k, v)
         prefix = self.prefix.keys[layer, : self.groups, :, :P]
@@ -183,22 +183,17 @@ class SharedPrefixKVCache:
         return prefix, prefix_values, keys, values
 
     def layer_buffers(
-        self, layer: int, start: int, rows: int
+        self, layer: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The whole buffers of one layer, for a kernel that writes position `start` of rows
-        [0, rows) itself: prefix keys and values (prefix_rows, nh, prefix_len, hs) and own keys
-        and values (rows capacity, nh, own_len, hs), all contiguous; the own position to write
-        is `start - prefix_length`. Checked like `extend`."""
-        self._check_extension(start, rows)
-        if start - self.prefix_length >= self.own.max_len:
-            raise ValueError(
-                f"position {start} is past the cache's {self.max_len} positions; build a "
-                "larger one"
-            )
+        """The whole buffers of one layer, for a kernel that writes the rows' positions itself:
+        prefix keys and values (prefix_rows, nh, prefix_len, hs) and own keys and values
+        (rows, nh, own_len, hs), contiguous. Own position i is absolute position
+        `prefix_length + i`; `check_extension` first."""
         prefix, own = self.prefix, self.own
         return prefix.keys[layer], prefix.values[layer], own.keys[layer], own.values[layer]
 
-    def _check_extension(self, start: int, rows: int) -> None:
+    def check_extension(self, start: int, rows: int) -> None:
+        """Raise unless rows [0, rows) can write position `start` after the shared prefix."""
         P = self.prefix_length
         if start < P or P == 0:
             raise ValueError(
@@ -209,6 +204,10 @@ class SharedPrefixKVCache:
             raise ValueError(
                 f"{rows} rows are not whole copies of {self.groups} groups x "
                 f"{self.rows_per_prefix} rows per prefix within the cache's {self.rows} rows"
+            )
+        if start - P >= self.own.max_len:
+            raise ValueError(
+                f"position {start} is past the cache's {self.max_len} positions; build a larger one"
             )
 
     def reorder_(self, parent: torch.Tensor, length: int, start: int | None = None) -> None:

@@ -473,6 +473,7 @@ class BeamPlanner:
 
         # One forward pass per env: its context is the shared prefix of its rows.
         logits = model.prefill(context, cache)[:, -1]  # (G, N): first action token
+        decode = model.decoder(cache)  # decode(tokens, position) -> logits
         parent = torch.arange(G, device=device).repeat_interleave(B).repeat(X)  # (rows,)
         logits = logits[parent]  # (rows, N)
 
@@ -490,10 +491,10 @@ class BeamPlanner:
             # Actions, reward and value on every candidate row.
             for j in range(n_act):
                 tokens[:, q + j] = token = self._sample(logits, "act")
-                logits = model.decode_step(token, cache, p + j)  # (rows, N)
+                logits = decode(token, p + j)  # (rows, N)
             reward = self._expected(logits, reward_dim)  # (rows,)
             tokens[:, q + n_act] = token = self._sample(logits, "reward")
-            logits = model.decode_step(token, cache, p + n_act)
+            logits = decode(token, p + n_act)
             value = self._expected(logits, value_dim)  # (rows,)
             tokens[:, q + n_act + 1] = self._sample(logits, "value")
             rewards[:, h], values[:, h] = reward, value
@@ -517,10 +518,10 @@ class BeamPlanner:
             cache.reorder_(chosen, p + n_act + 1, start=C)
 
             # Value token, then the next observation, on the beams only.
-            logits = model.decode_step(tokens[:beams, q + n_act + 1], cache, p + n_act + 1)
+            logits = decode(tokens[:beams, q + n_act + 1], p + n_act + 1)
             for i in range(n_obs):
                 tokens[:beams, q + n_act + 2 + i] = token = self._sample(logits[:beams], "obs")
-                logits = model.decode_step(token, cache, p + n_act + 2 + i)  # (beams, N)
+                logits = decode(token, p + n_act + 2 + i)  # (beams, N)
             if X > 1:  # the other expansion copies continue the beams
                 cache.repeat_rows_(beams, X, p + n_act + 2 + n_obs, start=C)
                 span = slice(q + n_act + 2, q + n_act + 2 + n_obs)

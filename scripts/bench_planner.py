@@ -174,7 +174,7 @@ def main() -> None:
             return time.perf_counter() - start
 
     use_native = not args.no_native and device.type == "cpu"
-    if use_native and native.decode_attention_kernel() is None:
+    if use_native and native.kernels() is None:
         raise SystemExit("the native kernel is unavailable here; run with --no-native")
     variants = [use_native, False] if args.compare_torch and use_native else [use_native]
     for _ in range(args.warmup):

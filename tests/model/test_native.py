@@ -101,7 +101,7 @@ def test_decode_step_native_equals_the_module_path(kernel) -> None:
         cache = model.new_shared_prefix_cache(2, members, 12, prefix_len=T + 3, own_len=2 * T)
         model.prefill(context, cache)
         with native.native_kernels(use_native):
-            assert (model._native_attention(cache) is not None) == use_native
+            assert (model._native_kernels(cache) is not None) == use_native
             logits[use_native] = torch.stack(
                 [
                     model.decode_step(planned[:, i], cache, T + 3 + i)
@@ -120,14 +120,14 @@ def test_native_path_only_for_cpu_inference(kernel) -> None:
     cache = model.new_shared_prefix_cache(1, 2, 2, prefix_len=4, own_len=4)
     with torch.no_grad():
         model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
-        assert model._native_attention(cache) is not None
-        assert model._native_attention(model.new_cache(2)) is None  # no shared prefix
+        assert model._native_kernels(cache) is not None
+        assert model._native_kernels(model.new_cache(2)) is None  # no shared prefix
         with native.native_kernels(False):
-            assert model._native_attention(cache) is None
-    assert model._native_attention(cache) is None  # autograd on: the module path
+            assert model._native_kernels(cache) is None
+    assert model._native_kernels(cache) is None  # autograd on: the module path
     model.train()
     with torch.no_grad():
-        assert model._native_attention(cache) is None
+        assert model._native_kernels(cache) is None
 
 
 def test_planner_plans_alike_with_and_without_native(kernel) -> None:
@@ -159,10 +159,10 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch) -> None:
     monkeypatch.setattr(native, "_failure", None)
     with pytest.warns(RuntimeWarning, match="could not be built.*c\\+\\+: not found"):
         assert native.load() is None
-    assert native.decode_attention_kernel() is None  # no second attempt, no second warning
+    assert native.kernels() is None  # no second attempt, no second warning
     model = tiny_gpt()
     cache = model.new_shared_prefix_cache(1, 2, 2, prefix_len=4, own_len=4)
     with torch.no_grad():
         model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
-        assert model._native_attention(cache) is None
+        assert model._native_kernels(cache) is None
         assert model.decode_step(torch.zeros(2, dtype=torch.long), cache, 4).shape == (2, 7)

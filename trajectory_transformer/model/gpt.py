@@ -4,10 +4,9 @@ A transition is `obs (O) | act (A) | reward | value`, T = O + A + 2 tokens; sequ
 i holds dimension i % T. Tokens are raw bin indices in [0, n_bins); the model offsets them
 per dimension itself. Three entry points share one trunk and one attention mask:
 `forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache or
-a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache runs the native
-attention kernel (`native.py`) and applies the blocks' parameters through
-`torch.nn.functional` directly: at one token per row, module calls and small attention
-operators cost more than the matrix products.
+a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache runs each block
+as one native call (`native.py`): at one token per row, module calls and small operators cost
+more than the matrix products.
 """
 
 from __future__ import annotations
@@ -339,16 +338,14 @@ class TrajectoryGPT(nn.Module):
             dim = position % T
             return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
 
-        attention = self._native_attention(cache)
-        if attention is None:
+        kernels = self._native_kernels(cache)
+        if kernels is None:
             return module_step
-        return self._native_decoder(cache, attention, module_step)
+        return self._native_decoder(cache, kernels, module_step)
 
-    def _native_attention(
-        self, cache: KVCache | SharedPrefixKVCache
-    ) -> Callable[..., torch.Tensor] | None:
-        """The native decode attention where it applies (inference on the CPU in float32, with
-        a shared-prefix cache), else None."""
+    def _native_kernels(self, cache: KVCache | SharedPrefixKVCache) -> object | None:
+        """The native decode kernels where they apply (inference on the CPU in float32, with a
+        shared-prefix cache), else None."""
         p = self.head_weight
         if (
             not isinstance(cache, SharedPrefixKVCache)
@@ -358,19 +355,18 @@ class TrajectoryGPT(nn.Module):
             or p.dtype != torch.float32
         ):
             return None
-        return native.decode_attention_kernel()
+        return native.kernels()
 
     def _native_decoder(
         self,
         cache: SharedPrefixKVCache,
-        attention: Callable[..., torch.Tensor],
+        kernels: object,
         module_step: Callable[[torch.Tensor, int], torch.Tensor],
     ) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """The decode step with the native attention: the modules' computation in eval mode,
-        with their parameters applied through torch functions directly (module calls and
-        attribute lookups cost as much as the math at one token per row)."""
+        """The decode step through the native `decode_block`: the blocks' computation in eval
+        mode, one call per block."""
         c = self.config
-        d, T, block_size = c.embedding_dim, c.transition_dim, c.block_size
+        T, block_size = c.transition_dim, c.block_size
         layers = [
             (
                 b.ln_1.weight,
@@ -394,24 +390,19 @@ class TrajectoryGPT(nn.Module):
         tok_emb, pos_emb, offsets = self.tok_emb.weight, self.pos_emb.weight, self.token_offsets
         ln_f = (self.ln_f.weight, self.ln_f.bias, self.ln_f.eps)
         head_weight, head_bias = self.head_weight, self.head_bias
+        decode_block = kernels.decode_block
 
         def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
             if position == 0:  # this token starts the shared prefix: the prefill path
                 return module_step(tokens, position)
             if position >= block_size:
                 raise ValueError(f"position {position} exceeds the block size {block_size}")
-            B = tokens.shape[0]
-            cache.check_extension(position, B)
+            cache.check_extension(position, tokens.shape[0])
             P, groups, members = cache.prefix_length, cache.groups, cache.rows_per_prefix
             x = tok_emb[tokens + offsets[position]] + pos_emb[position]  # (B, d)
-            for w1, b1, e1, wa, ba, wp, bp, w2, b2, e2, wf, bf, wo, bo, pk, pv, ok, ov in layers:
-                h = torch.layer_norm(x, (d,), w1, b1, e1)
-                qkv = F.linear(h, wa, ba)  # (B, 3d)
-                y = attention(qkv, pk, pv, ok, ov, groups, members, P, position - P, T)  # (B, d)
-                x = F.linear(y, wp, bp).add_(x)  # the kernel also wrote this token's key, value
-                h = F.gelu(F.linear(torch.layer_norm(x, (d,), w2, b2, e2), wf, bf))
-                x = F.linear(h, wo, bo).add_(x)
-            h = torch.layer_norm(x, (d,), *ln_f)
+            for layer in layers:  # each also writes this token's key and value into the cache
+                x = decode_block(x, *layer, groups, members, P, position - P, T)
+            h = torch.layer_norm(x, x.shape[-1:], *ln_f)
             dim = position % T
             return h @ head_weight[dim] + head_bias[dim]  # (B, N)
 

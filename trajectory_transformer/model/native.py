@@ -1,11 +1,12 @@
 """Native CPU kernels, compiled once per machine with `torch.utils.cpp_extension`.
 
-The planner's decode steps on the CPU spend most of their time in the attention of one new
-token over a shared-prefix cache: many tiny operators in eager PyTorch. `csrc/` holds that
-attention as one C++ function; it is built on first use (about a minute, with the machine's
-C++ compiler and ninja) into torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default
-`~/.cache/torch_extensions`) and loaded from there afterwards. `make demo` and `make test`
-build it during setup (`native.main()`).
+The planner's decode steps on the CPU run one new token per row through the model: at a few
+dozen rows, eager PyTorch spends more time on operator calls (the attention over a
+shared-prefix cache alone is a dozen tiny ones per layer) than on arithmetic. `csrc/` holds
+that attention, and a whole transformer block around it, as C++ functions. They are built on
+first use (about a minute, with the machine's C++ compiler and ninja) into torch's extension
+cache (`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`) and loaded from there
+afterwards; `make demo` and `make test` build them during setup (`native.main()`).
 
 Where it cannot be built (no compiler), the model falls back to the PyTorch implementation
 with one warning; results agree up to float rounding. `TT_NATIVE_KERNELS=0` in the environment,
@@ -20,7 +21,7 @@ import platform
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -81,12 +82,12 @@ def load(verbose: bool = False) -> object | None:
     return _module
 
 
-def decode_attention_kernel() -> Callable[..., torch.Tensor] | None:
-    """The native decode attention, or None when the kernels are off or unavailable."""
+def kernels() -> object | None:
+    """The compiled module (`decode_attention`, `decode_block`), or None when the kernels are
+    off or cannot be built here."""
     if not _enabled:
         return None
-    module = _module if _module is not None else load()
-    return None if module is None else module.decode_attention
+    return _module if _module is not None else load()
 
 
 def native_kernels_enabled() -> bool:

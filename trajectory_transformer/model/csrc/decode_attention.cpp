@@ -11,6 +11,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -20,6 +24,75 @@ namespace {
 
 constexpr int64_t kMaxHeadSize = 256;
 
+// s[i] = scale * (q . keys[i]) for n keys of `hs` floats each.
+template <int64_t HS>
+inline void score_keys(const float* __restrict__ q, const float* __restrict__ keys, int64_t n,
+                       int64_t hs, float scale, float* __restrict__ s) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (HS > 0 && HS % 8 == 0) {
+    // Eight keys at a time: eight vector dot products, then one transposing reduction, so
+    // the horizontal sums cost a few instructions per eight keys instead of per key.
+    __m256 qv[HS / 8];
+    for (int64_t c = 0; c < HS / 8; ++c) qv[c] = _mm256_loadu_ps(q + 8 * c);
+    for (; i + 8 <= n; i += 8) {
+      __m256 acc[8];
+      for (int p = 0; p < 8; ++p) {
+        const float* k = keys + (i + p) * HS;
+        acc[p] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+        for (int64_t c = 1; c < HS / 8; ++c)
+          acc[p] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(k + 8 * c), acc[p]);
+      }
+      // hadd pairs: lanes 0-3 then hold the low-half sums of keys 0..3 (4..7), lanes 4-7 the
+      // high-half sums; adding the 128-bit halves gives the eight dot products in order.
+      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]),
+                                      _mm256_hadd_ps(acc[2], acc[3]));
+      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]),
+                                      _mm256_hadd_ps(acc[6], acc[7]));
+      const __m256 sums = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                                        _mm256_permute2f128_ps(a, b, 0x31));
+      _mm256_storeu_ps(s + i, _mm256_mul_ps(sums, _mm256_set1_ps(scale)));
+    }
+  }
+#endif
+  const int64_t size = HS > 0 ? HS : hs;
+  for (; i < n; ++i) {
+    float dot = 0.f;
+    for (int64_t d = 0; d < size; ++d) dot += q[d] * keys[i * size + d];
+    s[i] = dot * scale;
+  }
+}
+
+// acc += sum_i w[i] * values[i] for n values of `hs` floats each.
+template <int64_t HS>
+inline void accumulate_values(const float* __restrict__ w, const float* __restrict__ values,
+                              int64_t n, int64_t hs, float* __restrict__ acc) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (HS > 0 && HS % 8 == 0) {
+    // Two interleaved accumulator sets keep enough independent FMAs in flight.
+    __m256 even[HS / 8], odd[HS / 8];
+    for (int64_t c = 0; c < HS / 8; ++c) {
+      even[c] = _mm256_loadu_ps(acc + 8 * c);
+      odd[c] = _mm256_setzero_ps();
+    }
+    for (; i + 2 <= n; i += 2) {
+      const __m256 w0 = _mm256_set1_ps(w[i]), w1 = _mm256_set1_ps(w[i + 1]);
+      const float* v0 = values + i * HS;
+      for (int64_t c = 0; c < HS / 8; ++c) {
+        even[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v0 + 8 * c), even[c]);
+        odd[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v0 + HS + 8 * c), odd[c]);
+      }
+    }
+    for (int64_t c = 0; c < HS / 8; ++c)
+      _mm256_storeu_ps(acc + 8 * c, _mm256_add_ps(even[c], odd[c]));
+  }
+#endif
+  const int64_t size = HS > 0 ? HS : hs;
+  for (; i < n; ++i)
+    for (int64_t d = 0; d < size; ++d) acc[d] += w[i] * values[i * size + d];
+}
+
 // HS > 0: head size known at compile time (unrolled, vectorised); HS == 0: any head size.
 template <int64_t HS>
 void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v, float* own_k,
@@ -27,17 +100,17 @@ void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v,
                  int64_t prefix_capacity, int64_t own_capacity, int64_t groups, int64_t members,
                  int64_t prefix_len, int64_t t, int64_t transition_dim) {
   const int64_t hs = HS > 0 ? HS : head_size;
-  const int64_t C = heads * hs, P = prefix_len, T = transition_dim;
+  const int64_t C = heads * hs, P = prefix_len, T = transition_dim, n = P + t + 1;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // The query sits at absolute position P + t; a key is hidden when it is the value token of
   // an earlier transition (position % T == T - 1, before the query). Built with -ffast-math
-  // (vectorised exp and sums), so no infinities anywhere: hidden keys are skipped when scoring
-  // and get weight exactly 0 after the exp.
+  // (vectorised exp and sums), so no infinities anywhere: hidden keys are scored like the
+  // others, left out of the maximum, and get weight exactly 0 after the exp.
   const float lowest = std::numeric_limits<float>::lowest();
   at::parallel_for(0, rows * heads, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> buffer(P + t + 1);
+    std::vector<float> buffer(n);
     float* __restrict__ s = buffer.data();
-    float acc[kMaxHeadSize];  // a local array: no aliasing, so it lives in registers
+    float acc[kMaxHeadSize];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / heads, h = task % heads;
       const int64_t g = (r / members) % groups;  // rows are ordered (copy, group, member)
@@ -51,43 +124,22 @@ void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v,
       const float* __restrict__ pk = prefix_k + (g * heads + h) * prefix_capacity * hs;
       const float* __restrict__ pv = prefix_v + (g * heads + h) * prefix_capacity * hs;
 
+      score_keys<HS>(q, pk, P, hs, scale, s);
+      score_keys<HS>(q, keys, t + 1, hs, scale, s + P);
+      for (int64_t j = T - 1; j < n - 1; j += T) s[j] = lowest;
       float top = lowest;
-      int64_t phase = 0;  // position % T, kept without a division per key
-      for (int64_t j = 0; j < P; ++j) {
-        if (phase != T - 1) {
-          float dot = 0.f;
-          for (int64_t d = 0; d < hs; ++d) dot += q[d] * pk[j * hs + d];
-          s[j] = dot * scale;
-          top = std::max(top, s[j]);
-        }
-        if (++phase == T) phase = 0;
-      }
-      for (int64_t i = 0; i <= t; ++i) {
-        if (phase != T - 1 || i == t) {
-          float dot = 0.f;
-          for (int64_t d = 0; d < hs; ++d) dot += q[d] * keys[i * hs + d];
-          s[P + i] = dot * scale;
-          top = std::max(top, s[P + i]);
-        }
-        if (++phase == T) phase = 0;
-      }
-
-      // Hidden keys get exp(0) here and exactly 0 below (a very negative score instead would
+      for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
+      // Hidden keys get exp(0) here and 0 just after (exp of a very negative score would
       // send the vectorised exp down its slow path for out-of-range inputs).
-      for (int64_t j = T - 1; j < P + t; j += T) s[j] = top;
-      for (int64_t j = 0; j <= P + t; ++j) s[j] = std::exp(s[j] - top);
-      for (int64_t j = T - 1; j < P + t; j += T) s[j] = 0.f;
+      for (int64_t j = T - 1; j < n - 1; j += T) s[j] = top;
+      for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - top);
+      for (int64_t j = T - 1; j < n - 1; j += T) s[j] = 0.f;
       float total = 0.f;
-      for (int64_t j = 0; j <= P + t; ++j) total += s[j];
-      for (int64_t d = 0; d < hs; ++d) acc[d] = 0.f;
-      for (int64_t j = 0; j < P; ++j) {
-        const float w = s[j];
-        for (int64_t d = 0; d < hs; ++d) acc[d] += w * pv[j * hs + d];
-      }
-      for (int64_t i = 0; i <= t; ++i) {
-        const float w = s[P + i];
-        for (int64_t d = 0; d < hs; ++d) acc[d] += w * values[i * hs + d];
-      }
+      for (int64_t j = 0; j < n; ++j) total += s[j];
+
+      std::fill(acc, acc + hs, 0.f);
+      accumulate_values<HS>(s, pv, P, hs, acc);
+      accumulate_values<HS>(s + P, values, t + 1, hs, acc);
       float* __restrict__ o = out + r * C + h * hs;
       const float inv = 1.f / total;
       for (int64_t d = 0; d < hs; ++d) o[d] = acc[d] * inv;
@@ -102,7 +154,9 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
                                const torch::Tensor& prefix_v, torch::Tensor own_k,
                                torch::Tensor own_v, int64_t groups, int64_t members,
                                int64_t prefix_len, int64_t t, int64_t transition_dim) {
-  for (const torch::Tensor* x : {&qkv, &prefix_k, &prefix_v, static_cast<const torch::Tensor*>(&own_k), static_cast<const torch::Tensor*>(&own_v)}) {
+  const std::initializer_list<const torch::Tensor*> tensors = {&qkv, &prefix_k, &prefix_v, &own_k,
+                                                                &own_v};
+  for (const torch::Tensor* x : tensors) {
     TORCH_CHECK(x->device().is_cpu() && x->scalar_type() == torch::kFloat32 &&
                     x->is_contiguous(),
                 "decode_attention takes contiguous float32 CPU tensors");
@@ -136,9 +190,94 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
   return out;
 }
 
+// x += bias (per column), then out = LayerNorm(x) over the C columns of each row.
+void add_bias_layer_norm(torch::Tensor& x, const torch::Tensor* bias, const torch::Tensor& weight,
+                         const torch::Tensor& shift, double eps, torch::Tensor& out) {
+  const int64_t rows = x.size(0), C = x.size(1);
+  float* xs = x.data_ptr<float>();
+  float* os = out.data_ptr<float>();
+  const float* b = bias ? bias->data_ptr<float>() : nullptr;
+  const float* w = weight.data_ptr<float>();
+  const float* sh = shift.data_ptr<float>();
+  at::parallel_for(0, rows, 32, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* __restrict__ row = xs + r * C;
+      float* __restrict__ o = os + r * C;
+      if (b)
+        for (int64_t c = 0; c < C; ++c) row[c] += b[c];
+      float mean = 0.f;
+      for (int64_t c = 0; c < C; ++c) mean += row[c];
+      mean /= C;
+      float var = 0.f;
+      for (int64_t c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
+      const float inv = 1.f / std::sqrt(var / C + static_cast<float>(eps));
+      for (int64_t c = 0; c < C; ++c) o[c] = (row[c] - mean) * inv * w[c] + sh[c];
+    }
+  });
+}
+
+// x = GELU(x + bias) in place, the exact (erf) form of nn.GELU.
+void add_bias_gelu(torch::Tensor& x, const torch::Tensor& bias) {
+  const int64_t rows = x.size(0), C = x.size(1);
+  float* xs = x.data_ptr<float>();
+  const float* b = bias.data_ptr<float>();
+  const float root_half = static_cast<float>(M_SQRT1_2);
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      float* __restrict__ row = xs + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const float v = row[c] + b[c];
+        row[c] = 0.5f * v * (1.f + std::erf(v * root_half));
+      }
+    }
+  });
+}
+
+// One transformer block (GPT-2 pre-norm, eval mode) for one new token per row, with the
+// attention above: x (R, C) -> x + attn(ln_1(x)) -> that + mlp(ln_2(that)). The matrix
+// products go to ATen (MKL); norms, bias, GELU and attention are fused loops here, which at a
+// few dozen rows cost less than the operator calls they replace.
+torch::Tensor decode_block(const torch::Tensor& x, const torch::Tensor& ln_1_weight,
+                           const torch::Tensor& ln_1_bias, double ln_1_eps,
+                           const torch::Tensor& attn_weight, const torch::Tensor& attn_bias,
+                           const torch::Tensor& proj_weight, const torch::Tensor& proj_bias,
+                           const torch::Tensor& ln_2_weight, const torch::Tensor& ln_2_bias,
+                           double ln_2_eps, const torch::Tensor& fc_weight,
+                           const torch::Tensor& fc_bias, const torch::Tensor& out_weight,
+                           const torch::Tensor& out_bias, const torch::Tensor& prefix_k,
+                           const torch::Tensor& prefix_v, torch::Tensor own_k,
+                           torch::Tensor own_v, int64_t groups, int64_t members,
+                           int64_t prefix_len, int64_t t, int64_t transition_dim) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32 &&
+                  x.device().is_cpu(),
+              "decode_block takes x as a contiguous float32 CPU tensor (rows, C)");
+  const int64_t C = x.size(1);
+  for (const torch::Tensor* p : {&ln_1_weight, &ln_1_bias, &proj_bias, &ln_2_weight,
+                                 &ln_2_bias, &out_bias}) {
+    TORCH_CHECK(p->numel() == C && p->is_contiguous(), "a norm or bias has the wrong size");
+  }
+  TORCH_CHECK(fc_bias.numel() == fc_weight.size(0) && fc_bias.is_contiguous(),
+              "fc bias has the wrong size");
+  auto h = torch::empty_like(x);
+  auto residual = x.clone();
+  add_bias_layer_norm(residual, nullptr, ln_1_weight, ln_1_bias, ln_1_eps, h);
+  const auto qkv = at::linear(h, attn_weight, attn_bias);  // (R, 3C)
+  const auto y = decode_attention(qkv, prefix_k, prefix_v, own_k, own_v, groups, members,
+                                  prefix_len, t, transition_dim);
+  residual.addmm_(y, proj_weight.t());  // x + y W^T; its bias joins in the norm's pass
+  add_bias_layer_norm(residual, &proj_bias, ln_2_weight, ln_2_bias, ln_2_eps, h);
+  auto hidden = at::mm(h, fc_weight.t());  // (R, 4C)
+  add_bias_gelu(hidden, fc_bias);
+  residual.addmm_(hidden, out_weight.t());
+  residual.add_(out_bias);
+  return residual;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention,
         "One decode step of attention over a shared-prefix KV cache (CPU, float32)");
+  m.def("decode_block", &decode_block,
+        "One transformer block for one new token per row, with decode_attention (CPU, float32)");
 }

@@ -363,34 +363,41 @@ class TrajectoryGPT(nn.Module):
         kernels: object,
         module_step: Callable[[torch.Tensor, int], torch.Tensor],
     ) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """The decode step through the native `decode_block`: the blocks' computation in eval
-        mode, one call per block."""
+        """The decode step as one native call: the modules' computation in eval mode, with
+        the parameters and the cache's buffers bound once."""
         c = self.config
-        T, block_size = c.transition_dim, c.block_size
-        layers = [
-            (
+        block_size = c.block_size
+        layers: list[torch.Tensor] = []
+        eps: list[float] = []
+        for layer, b in enumerate(self.blocks):
+            layers += [
                 b.ln_1.weight,
                 b.ln_1.bias,
-                b.ln_1.eps,
-                b.attn.c_attn.weight,
+                b.attn.c_attn.weight.t().contiguous(),  # (in, out): see csrc
                 b.attn.c_attn.bias,
-                b.attn.c_proj.weight,
+                b.attn.c_proj.weight.t().contiguous(),
                 b.attn.c_proj.bias,
                 b.ln_2.weight,
                 b.ln_2.bias,
-                b.ln_2.eps,
-                b.mlp.c_fc.weight,
+                b.mlp.c_fc.weight.t().contiguous(),
                 b.mlp.c_fc.bias,
-                b.mlp.c_proj.weight,
+                b.mlp.c_proj.weight.t().contiguous(),
                 b.mlp.c_proj.bias,
                 *cache.layer_buffers(layer),  # prefix keys, values; own keys, values
-            )
-            for layer, b in enumerate(self.blocks)
-        ]
-        tok_emb, pos_emb, offsets = self.tok_emb.weight, self.pos_emb.weight, self.token_offsets
-        ln_f = (self.ln_f.weight, self.ln_f.bias, self.ln_f.eps)
-        head_weight, head_bias = self.head_weight, self.head_bias
-        decode_block = kernels.decode_block
+            ]
+            eps += [b.ln_1.eps, b.ln_2.eps]
+        decoder = kernels.Decoder(
+            [p.detach() for p in layers],
+            eps,
+            self.tok_emb.weight.detach(),
+            self.pos_emb.weight.detach(),
+            self.ln_f.weight.detach(),
+            self.ln_f.bias.detach(),
+            self.ln_f.eps,
+            self.head_weight.detach(),
+            self.head_bias.detach(),
+            c.transition_dim,
+        )
 
         def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
             if position == 0:  # this token starts the shared prefix: the prefill path
@@ -398,13 +405,10 @@ class TrajectoryGPT(nn.Module):
             if position >= block_size:
                 raise ValueError(f"position {position} exceeds the block size {block_size}")
             cache.check_extension(position, tokens.shape[0])
-            P, groups, members = cache.prefix_length, cache.groups, cache.rows_per_prefix
-            x = tok_emb[tokens + offsets[position]] + pos_emb[position]  # (B, d)
-            for layer in layers:  # each also writes this token's key and value into the cache
-                x = decode_block(x, *layer, groups, members, P, position - P, T)
-            h = torch.layer_norm(x, x.shape[-1:], *ln_f)
-            dim = position % T
-            return h @ head_weight[dim] + head_bias[dim]  # (B, N)
+            # Each block also writes this token's key and value into the cache.
+            return decoder.step(
+                tokens, position, cache.prefix_length, cache.groups, cache.rows_per_prefix
+            )
 
         return step
 

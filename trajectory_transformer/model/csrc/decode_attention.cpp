@@ -236,7 +236,9 @@ void add_bias_gelu(torch::Tensor& x, const torch::Tensor& bias) {
 // One transformer block (GPT-2 pre-norm, eval mode) for one new token per row, with the
 // attention above: x (R, C) -> x + attn(ln_1(x)) -> that + mlp(ln_2(that)). The matrix
 // products go to ATen (MKL); norms, bias, GELU and attention are fused loops here, which at a
-// few dozen rows cost less than the operator calls they replace.
+// few dozen rows cost less than the operator calls they replace. The weight matrices come
+// transposed, (in, out) and contiguous: MKL packs them for each product, and copies this
+// layout faster than nn.Linear's (out, in).
 torch::Tensor decode_block(const torch::Tensor& x, const torch::Tensor& ln_1_weight,
                            const torch::Tensor& ln_1_bias, double ln_1_eps,
                            const torch::Tensor& attn_weight, const torch::Tensor& attn_bias,
@@ -256,28 +258,76 @@ torch::Tensor decode_block(const torch::Tensor& x, const torch::Tensor& ln_1_wei
                                  &ln_2_bias, &out_bias}) {
     TORCH_CHECK(p->numel() == C && p->is_contiguous(), "a norm or bias has the wrong size");
   }
-  TORCH_CHECK(fc_bias.numel() == fc_weight.size(0) && fc_bias.is_contiguous(),
+  TORCH_CHECK(fc_bias.numel() == fc_weight.size(1) && fc_bias.is_contiguous(),
               "fc bias has the wrong size");
   auto h = torch::empty_like(x);
   auto residual = x.clone();
   add_bias_layer_norm(residual, nullptr, ln_1_weight, ln_1_bias, ln_1_eps, h);
-  const auto qkv = at::linear(h, attn_weight, attn_bias);  // (R, 3C)
+  const auto qkv = at::addmm(attn_bias, h, attn_weight);  // (R, 3C)
   const auto y = decode_attention(qkv, prefix_k, prefix_v, own_k, own_v, groups, members,
                                   prefix_len, t, transition_dim);
-  residual.addmm_(y, proj_weight.t());  // x + y W^T; its bias joins in the norm's pass
+  residual.addmm_(y, proj_weight);  // x + y W; its bias joins in the norm's pass
   add_bias_layer_norm(residual, &proj_bias, ln_2_weight, ln_2_bias, ln_2_eps, h);
-  auto hidden = at::mm(h, fc_weight.t());  // (R, 4C)
+  auto hidden = at::mm(h, fc_weight);  // (R, 4C)
   add_bias_gelu(hidden, fc_bias);
-  residual.addmm_(hidden, out_weight.t());
+  residual.addmm_(hidden, out_weight);
   residual.add_(out_bias);
   return residual;
 }
+
+// A TrajectoryGPT's decode step bound to its parameters and one cache's buffers, so a step is
+// one call: embedding, every block, final norm and the position's head.
+class Decoder {
+ public:
+  static constexpr size_t kPerLayer = 16;  // 12 parameters, then the 4 cache buffers
+
+  Decoder(std::vector<torch::Tensor> layers, std::vector<double> eps, torch::Tensor tok_emb,
+          torch::Tensor pos_emb, torch::Tensor ln_f_weight, torch::Tensor ln_f_bias,
+          double ln_f_eps, torch::Tensor head_weight, torch::Tensor head_bias,
+          int64_t transition_dim)
+      : layers_(std::move(layers)), eps_(std::move(eps)), tok_emb_(std::move(tok_emb)),
+        pos_emb_(std::move(pos_emb)), ln_f_weight_(std::move(ln_f_weight)),
+        ln_f_bias_(std::move(ln_f_bias)), ln_f_eps_(ln_f_eps),
+        head_weight_(std::move(head_weight)), head_bias_(std::move(head_bias)),
+        T_(transition_dim), n_bins_(head_bias_.size(1)) {
+    TORCH_CHECK(layers_.size() % kPerLayer == 0 && eps_.size() == 2 * layers_.size() / kPerLayer,
+                "Decoder: ", kPerLayer, " tensors and 2 eps per layer");
+  }
+
+  // Logits (R, N) of one new token per row at `position` (own position position - prefix_len).
+  torch::Tensor step(const torch::Tensor& tokens, int64_t position, int64_t prefix_len,
+                     int64_t groups, int64_t members) {
+    const int64_t dim = position % T_;
+    auto x = tok_emb_.index_select(0, tokens + dim * n_bins_);  // the dimension's own table
+    x.add_(pos_emb_[position]);
+    const auto* p = layers_.data();
+    for (size_t layer = 0; layer < layers_.size() / kPerLayer; ++layer, p += kPerLayer) {
+      x = decode_block(x, p[0], p[1], eps_[2 * layer], p[2], p[3], p[4], p[5], p[6], p[7],
+                       eps_[2 * layer + 1], p[8], p[9], p[10], p[11], p[12], p[13], p[14],
+                       p[15], groups, members, prefix_len, position - prefix_len, T_);
+    }
+    auto h = torch::empty_like(x);
+    add_bias_layer_norm(x, nullptr, ln_f_weight_, ln_f_bias_, ln_f_eps_, h);
+    return at::addmm(head_bias_[dim], h, head_weight_[dim]);
+  }
+
+ private:
+  std::vector<torch::Tensor> layers_;
+  std::vector<double> eps_;
+  torch::Tensor tok_emb_, pos_emb_, ln_f_weight_, ln_f_bias_;
+  double ln_f_eps_;
+  torch::Tensor head_weight_, head_bias_;
+  int64_t T_, n_bins_;
+};
 
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention,
         "One decode step of attention over a shared-prefix KV cache (CPU, float32)");
-  m.def("decode_block", &decode_block,
-        "One transformer block for one new token per row, with decode_attention (CPU, float32)");
+  pybind11::class_<Decoder>(m, "Decoder")
+      .def(pybind11::init<std::vector<torch::Tensor>, std::vector<double>, torch::Tensor,
+                          torch::Tensor, torch::Tensor, torch::Tensor, double, torch::Tensor,
+                          torch::Tensor, int64_t>())
+      .def("step", &Decoder::step, "logits of one new token per row");
 }

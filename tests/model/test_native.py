@@ -166,3 +166,18 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch) -> None:
         model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
         assert model._native_kernels(cache) is None
         assert model.decode_step(torch.zeros(2, dtype=torch.long), cache, 4).shape == (2, 7)
+
+
+@torch.no_grad()
+def test_native_decoder_refuses_what_the_cache_cannot_hold(kernel) -> None:
+    model = tiny_gpt()  # window of 3 transitions of 7 tokens
+    cache = model.new_shared_prefix_cache(1, 2, 4, prefix_len=4, own_len=3)
+    model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
+    step = model.decoder(cache)
+    assert step(torch.zeros(4, dtype=torch.long), 4).shape == (4, 7)
+    with pytest.raises(ValueError, match="whole copies"):
+        step(torch.zeros(3, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match="past the cache"):
+        step(torch.zeros(2, dtype=torch.long), 7)
+    with pytest.raises(ValueError, match="not after the shared prefix"):
+        step(torch.zeros(2, dtype=torch.long), 3)

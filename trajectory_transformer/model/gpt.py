@@ -4,9 +4,9 @@ A transition is `obs (O) | act (A) | reward | value`, T = O + A + 2 tokens; sequ
 i holds dimension i % T. Tokens are raw bin indices in [0, n_bins); the model offsets them
 per dimension itself. Three entry points share one trunk and one attention mask:
 `forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache or
-a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache runs each block
-as one native call (`native.py`): at one token per row, module calls and small operators cost
-more than the matrix products.
+a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache is one native
+call (`native.py`): at one token per row, module calls and small operators cost more than the
+matrix products.
 """
 
 from __future__ import annotations
@@ -320,7 +320,10 @@ class TrajectoryGPT(nn.Module):
     def decode_step(
         self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, position: int
     ) -> torch.Tensor:
-        """Logits (B, N) for one new token (B,) at `position`, attending over [0, position]."""
+        """Logits (B, N) for one new token (B,) at `position`, attending over [0, position].
+
+        For many steps over one cache, bind it once with `decoder(cache)`.
+        """
         return self.decoder(cache)(tokens, position)
 
     def decoder(

@@ -19,6 +19,8 @@ import contextlib
 import os
 import platform
 import shutil
+import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -67,6 +69,16 @@ def load(verbose: bool = False) -> object | None:
     from torch.utils.cpp_extension import load as load_extension
 
     name, flags = _build_options()
+    # Loading a built extension takes well under a second; if this takes longer, it compiles.
+    notice = threading.Timer(
+        3.0,
+        lambda: print(
+            f"compiling the native CPU kernels ({name}; once per machine, about a minute)",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
+    notice.start()
     try:
         _put_ninja_on_path()
         _module = load_extension(name, [str(SOURCE)], extra_cflags=flags, verbose=verbose)
@@ -79,6 +91,8 @@ def load(verbose: bool = False) -> object | None:
             RuntimeWarning,
             stacklevel=2,
         )
+    finally:
+        notice.cancel()
     return _module
 
 

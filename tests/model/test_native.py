@@ -181,3 +181,22 @@ def test_native_decoder_refuses_what_the_cache_cannot_hold(kernel) -> None:
         step(torch.zeros(2, dtype=torch.long), 7)
     with pytest.raises(ValueError, match="not after the shared prefix"):
         step(torch.zeros(2, dtype=torch.long), 3)
+
+
+def test_a_stale_build_lock_is_removed(tmp_path, monkeypatch) -> None:
+    import os
+    import time
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name = "trajectory_transformer_decode_test"
+    from torch.utils import cpp_extension
+
+    lock = os.path.join(cpp_extension._get_build_directory(name, verbose=False), "lock")
+    open(lock, "w").close()
+    native._clear_stale_lock(name)  # fresh: another build may hold it
+    assert os.path.exists(lock)
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        native._clear_stale_lock(name)
+    assert not os.path.exists(lock)

@@ -61,6 +61,22 @@ def _put_ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
+def _clear_stale_lock(name: str, older_than_s: float = 900.0) -> None:
+    """torch guards a build with a `lock` file and waits, silently and forever, while it
+    exists; a build that was killed (not interrupted) leaves it behind. One older than any
+    build is removed."""
+    from torch.utils import cpp_extension
+
+    try:
+        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
+        age = time.time() - lock.stat().st_mtime
+    except (AttributeError, OSError):  # no lock, or a torch without this helper
+        return
+    if age > older_than_s:
+        warnings.warn(f"removing a stale build lock {lock} ({age:.0f} s old)", stacklevel=3)
+        lock.unlink(missing_ok=True)
+
+
 def load(verbose: bool = False) -> object | None:
     """The compiled extension (built now if needed), or None where it cannot be built."""
     global _module, _failure
@@ -81,6 +97,7 @@ def load(verbose: bool = False) -> object | None:
     notice.start()
     try:
         _put_ninja_on_path()
+        _clear_stale_lock(name)
         _module = load_extension(name, [str(SOURCE)], extra_cflags=flags, verbose=verbose)
     except Exception as error:  # compiler, ninja or linker missing or failing
         _failure = f"{type(error).__name__}: {str(error).strip()[-800:]}"

@@ -1,11 +1,12 @@
-// One decode step of attention over a shared-prefix KV cache, on the CPU.
+// The planner's decode step on the CPU: one new token for every row (beam) through the model.
 //
-// The planner decodes one token for every row (beam) at a time. Each row attends over its
-// group's shared prefix (the environment's context, cached once per group) and over its own
-// planned positions. In eager PyTorch that is a dozen small operators per layer (permutes, two
-// batched matmuls, a concatenation, a softmax); here it is one pass per (row, head) that also
-// writes the new key and value into the cache. The result equals
-// `trajectory_transformer.model.gpt.shared_prefix_attention` up to float rounding.
+// At a few dozen rows, eager PyTorch spends more time calling operators than computing. Here a
+// step is one call (`Decoder.step`): the matrix products go to ATen (MKL), and the rest is
+// fused loops. The attention (`decode_attention`) lets each row attend over its group's shared
+// prefix (the environment's context, cached once per group) and over its own planned
+// positions, in one pass per (row, head) that also writes the new key and value into the
+// cache; in PyTorch that is a dozen small operators per layer. Results equal the model's
+// modules (`trajectory_transformer.model.gpt`) up to float rounding.
 
 #include <torch/extension.h>
 

@@ -30,15 +30,8 @@ KNOWN_DIMENSIONS = {
 def dimension_names(observation_dim: int, action_dim: int, env_id: str | None = None) -> list[str]:
     """A name for each of the T = O + A + 2 transition dimensions."""
     for prefix, (obs, act) in KNOWN_DIMENSIONS.items():
-        if (
-            env_id
-            and env_id.startswith(prefix)
-            and (len(obs), len(act))
-            == (
-                observation_dim,
-                action_dim,
-            )
-        ):
+        shape_matches = (len(obs), len(act)) == (observation_dim, action_dim)
+        if env_id and env_id.startswith(prefix) and shape_matches:
             return [*obs, *act, "reward", "value"]
     obs = [f"obs {i}" for i in range(observation_dim)]
     act = [f"act {i}" for i in range(action_dim)]

@@ -121,10 +121,6 @@ def kernels() -> object | None:
     return _module if _module is not None else load()
 
 
-def native_kernels_enabled() -> bool:
-    return _enabled
-
-
 @contextlib.contextmanager
 def native_kernels(enabled: bool) -> Iterator[None]:
     """Turn the native kernels on or off inside a `with` block (e.g. to compare both paths)."""

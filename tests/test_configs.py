@@ -1,18 +1,23 @@
-from pathlib import Path
+from importlib import resources
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError
 
 from trajectory_transformer.cli.common import CONFIG_DIR
 from trajectory_transformer.config import ConfigError, reject_unknown_keys
 
-DATASET_CONFIGS = sorted(p.stem for p in (Path(CONFIG_DIR) / "dataset").glob("*.yaml"))
+CONFIG_MODULE = CONFIG_DIR.removeprefix("pkg://")
+DATASET_CONFIGS = sorted(
+    p.name.removesuffix(".yaml")
+    for p in resources.files(CONFIG_MODULE).joinpath("dataset").iterdir()
+    if p.name.endswith(".yaml")
+)
 
 
 def compose_train(*overrides):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
     reject_unknown_keys(cfg)
     return cfg

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -14,7 +13,9 @@ from trajectory_transformer.config import ConfigError, register_configs, reject_
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.rollout.envs import EnvMismatchError
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+# The YAML files of configs/ ship inside the package (see pyproject.toml), found by import name
+# in a checkout, an editable install and a wheel alike.
+CONFIG_DIR = "pkg://trajectory_transformer.configs"
 
 register_configs()
 

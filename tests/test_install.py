@@ -1,0 +1,112 @@
+"""A non-editable install works without the source tree: the wheel carries the Hydra configs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import create_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*command: str | os.PathLike, cwd: Path, env: dict | None = None):
+    return subprocess.run(
+        [str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    built = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        out,
+        REPO,
+        cwd=out,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    (path,) = out.glob("trajectory_transformer-*.whl")
+    return path
+
+
+def test_the_wheel_carries_every_config(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    configs = REPO / "configs"
+    expected = {
+        "trajectory_transformer/configs/" + path.relative_to(configs).as_posix()
+        for path in configs.rglob("*.yaml")
+    }
+    assert len(expected) > 20
+    assert expected <= names, sorted(expected - names)
+    assert "trajectory_transformer/model/csrc/decode_attention.cpp" in names
+
+
+def test_installed_wheel_runs_the_clis_outside_the_checkout(wheel, tmp_path, minari_dir):
+    venv = tmp_path / "venv"
+    made = run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    python = venv / "bin" / "python"
+    site = run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", cwd=tmp_path)
+    # The dependencies come from this environment, through a plain path entry: the .pth files
+    # of this environment (among them the editable install of the checkout) are not run there.
+    Path(site.stdout.strip(), "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    installed = run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-deps",
+        "--no-index",
+        wheel,
+        cwd=tmp_path,
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"TT_NATIVE_KERNELS": "0", "WANDB_MODE": "disabled"}
+    where = run(
+        python, "-c", "import trajectory_transformer as t; print(t.__file__)", cwd=elsewhere
+    )
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout + where.stderr
+
+    for cli in ("tt-eval", "tt-collect"):  # tt-train runs below
+        helped = run(venv / "bin" / cli, "--help", cwd=elsewhere, env=env)
+        assert helped.returncode == 0, f"{cli}: {helped.stderr[-2000:]}"
+        assert "== Config ==" in helped.stdout
+
+    create_dataset("test/tiny-v0")
+    trained = run(
+        venv / "bin" / "tt-train",
+        "dataset=pendulum-medium",  # a config group, read from the installed package
+        "dataset.id=test/tiny-v0",
+        "dataset.n_bins=12",
+        "model.n_layer=1",
+        "model.n_head=2",
+        "model.embedding_dim=16",
+        "model.sequence_transitions=3",
+        "trainer.batch_size=8",
+        "trainer.max_steps=2",
+        "device=cpu",
+        "hydra.run.dir=run",
+        cwd=elsewhere,
+        env=env,
+    )
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert "trained 2 steps" in trained.stdout
+    assert (elsewhere / "run" / "checkpoint.pt").is_file()

@@ -18,8 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
+from trajectory_transformer.checkpoint import read_payload
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.rollout.evaluate import mean_and_stderr, normalized_score
 
@@ -40,7 +39,7 @@ def run(command: list[str]) -> None:
 def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
     checkpoint = run_dir / "checkpoint.pt"
     if checkpoint.exists():
-        training = torch.load(checkpoint, weights_only=True)["training"]
+        training = read_payload(checkpoint)["training"]
         if training and training["finished"]:
             return checkpoint
     bin_dir = Path(sys.executable).parent

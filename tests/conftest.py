@@ -157,3 +157,62 @@ def run_module(module: str, *args: str, timeout: float = 180.0, check: bool = Fa
         timeout=timeout,
         check=check,
     )
+
+
+def structured_transitions(episodes: int = 20, length: int = 15, seed: int = 0):
+    """Smooth, predictable episodes (2 obs, 1 act): a model has something to learn."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(episodes):
+        phase = rng.uniform(0, 2 * np.pi)
+        t = np.arange(length)
+        obs = np.stack([np.sin(phase + 0.3 * t), np.cos(phase + 0.3 * t)], 1)
+        act = -obs[:, :1]
+        rew = obs[:, 1:]
+        val = np.cumsum(rew[::-1])[::-1][:, None]
+        rows.append(np.concatenate([obs, act, rew, val], 1))
+    return np.concatenate(rows).astype(np.float32), np.full(episodes, length)
+
+
+def tiny_training(seed: int = 0, **trainer_overrides):
+    """(model, windows, discretizer, trainer config) of a 2-layer, 32-wide model with dropout on
+    `structured_transitions`: 300 windows of 4 transitions, 40 steps of 16."""
+    import torch
+
+    from trajectory_transformer.config import TrainerConfig
+    from trajectory_transformer.data.discretizer import Discretizer
+    from trajectory_transformer.data.windows import TokenWindows
+    from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+
+    transitions, lengths = structured_transitions()
+    discretizer = Discretizer.fit(transitions, 16, "uniform")
+    windows = TokenWindows(transitions, lengths, discretizer, sequence_transitions=4)
+    torch.manual_seed(seed)
+    config = GPTConfig(
+        observation_dim=2,
+        action_dim=1,
+        n_bins=16,
+        sequence_transitions=4,
+        n_layer=2,
+        n_head=2,
+        embedding_dim=32,
+        dropout=0.1,
+    )
+    cfg = TrainerConfig(
+        batch_size=16,
+        learning_rate=3e-3,
+        max_steps=40,
+        log_every=1,
+        checkpoint_every=1000,
+        **trainer_overrides,
+    )
+    return TrajectoryGPT(config), windows, discretizer, cfg
+
+
+def tiny_training_info():
+    """The `DatasetInfo` stored with checkpoints of `tiny_training`."""
+    from trajectory_transformer.data.minari_source import DatasetInfo
+
+    return DatasetInfo(
+        "test/tiny-v0", None, "Pendulum-v1", 2, 1, [-2.0], [2.0], None, None, 20, 300
+    )

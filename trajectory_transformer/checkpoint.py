@@ -71,17 +71,34 @@ def save_atomic(payload: dict, path: str | os.PathLike) -> Path:
 
 
 def read_payload(path: str | os.PathLike) -> dict:
+    """The stored dictionary of a checkpoint, its tensors on the CPU wherever they were saved."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(
             f"no checkpoint at {path}; training writes one as <run dir>/checkpoint.pt."
         )
-    payload = torch.load(path, map_location="cpu", weights_only=True)
-    version = payload.get("format_version") if isinstance(payload, dict) else None
-    if version != FORMAT_VERSION:
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # which error a damaged or foreign file raises varies by release
+        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
         raise CheckpointError(
-            f"{path} is not a trajectory-transformer checkpoint of format {FORMAT_VERSION} "
-            f"(found {version!r})."
+            f"{path} is not a trajectory-transformer checkpoint "
+            f"(torch.load failed: {type(error).__name__}{': ' + reason if reason else ''})."
+        ) from None
+    if not isinstance(payload, dict) or "format_version" not in payload:
+        found = (
+            f"a dict with keys {sorted(map(str, payload))[:8]}"
+            if isinstance(payload, dict)
+            else f"a {type(payload).__name__}"
+        )
+        raise CheckpointError(
+            f"{path} is not a trajectory-transformer checkpoint (it holds {found}, "
+            f"without a format_version)."
+        )
+    if payload["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path} is a trajectory-transformer checkpoint of format "
+            f"{payload['format_version']!r}; this version reads format {FORMAT_VERSION}."
         )
     return payload
 

@@ -74,6 +74,16 @@ def test_eval_on_an_env_of_another_shape_is_refused(tmp_path, tiny_checkpoint):
 def test_missing_checkpoint_is_one_clear_message(tmp_path):
     result = tt_eval(f"checkpoint={tmp_path / 'nope.pt'}", run_dir=tmp_path)
     assert result.returncode == 2 and "no checkpoint at" in result.stderr
+    assert "planner settings" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_file_that_is_not_a_checkpoint_is_one_clear_message(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_bytes(bytes(range(256)) * 8)
+    result = tt_eval(f"checkpoint={path}", run_dir=tmp_path / "eval")
+    assert result.returncode == 2, result.stderr
+    assert f"error: {path} is not a trajectory-transformer checkpoint (" in result.stderr
+    assert "Traceback" not in result.stderr and "planner settings" not in result.stderr
 
 
 def test_video_of_the_first_episode(tmp_path, tiny_checkpoint):

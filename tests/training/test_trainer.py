@@ -1,15 +1,11 @@
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
+from conftest import tiny_training, tiny_training_info
 
 from trajectory_transformer.checkpoint import build_payload, load_checkpoint, save_atomic
 from trajectory_transformer.config import TrainerConfig
-from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.data.minari_source import DatasetInfo
-from trajectory_transformer.data.windows import TokenWindows
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 from trajectory_transformer.training.trainer import (
     Trainer,
     learning_rate,
@@ -17,59 +13,9 @@ from trajectory_transformer.training.trainer import (
     planned_steps,
 )
 
-OBS, ACT = 2, 1
-
-
-def structured_transitions(episodes=20, length=15, seed=0):
-    """Smooth, predictable episodes: the model has something to learn."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(episodes):
-        phase = rng.uniform(0, 2 * np.pi)
-        t = np.arange(length)
-        obs = np.stack([np.sin(phase + 0.3 * t), np.cos(phase + 0.3 * t)], 1)
-        act = -obs[:, :1]
-        rew = obs[:, 1:]
-        val = np.cumsum(rew[::-1])[::-1][:, None]
-        rows.append(np.concatenate([obs, act, rew, val], 1))
-    return np.concatenate(rows).astype(np.float32), np.full(episodes, length)
-
-
-def setup(seed=0, **trainer_overrides):
-    transitions, lengths = structured_transitions()
-    discretizer = Discretizer.fit(transitions, 16, "uniform")
-    windows = TokenWindows(transitions, lengths, discretizer, sequence_transitions=4)
-    torch.manual_seed(seed)
-    config = GPTConfig(
-        observation_dim=OBS,
-        action_dim=ACT,
-        n_bins=16,
-        sequence_transitions=4,
-        n_layer=2,
-        n_head=2,
-        embedding_dim=32,
-        dropout=0.1,
-    )
-    model = TrajectoryGPT(config)
-    cfg = TrainerConfig(
-        batch_size=16,
-        learning_rate=3e-3,
-        max_steps=40,
-        log_every=1,
-        checkpoint_every=1000,
-        **trainer_overrides,
-    )
-    return model, windows, discretizer, cfg
-
-
-def info():
-    return DatasetInfo(
-        "test/tiny-v0", None, "Pendulum-v1", OBS, ACT, [-2.0], [2.0], None, None, 20, 300
-    )
-
 
 def test_a_short_run_lowers_the_loss(tmp_path):
-    model, windows, _, cfg = setup()
+    model, windows, _, cfg = tiny_training()
     losses = []
     trainer = Trainer(
         model,
@@ -84,7 +30,7 @@ def test_a_short_run_lowers_the_loss(tmp_path):
 
 
 def test_loss_weights_follow_the_target_dimension():
-    model, _, _, cfg = setup()
+    model, _, _, cfg = tiny_training()
     weights = loss_weights(model, cfg)
     # Targets are positions 1..block-1; a transition is obs0 obs1 act rew val.
     assert weights[:6].tolist() == [1.0, 5.0, 1.0, 1.0, 1.0, 1.0]
@@ -109,12 +55,13 @@ def test_epochs_scale_with_dataset_size():
 
 
 def test_save_then_load_gives_identical_outputs(tmp_path):
-    model, windows, discretizer, cfg = setup()
+    model, windows, discretizer, cfg = tiny_training()
     Trainer(
         model, windows, replace(cfg, max_steps=5), lambda s: tmp_path / "x", progress=False
     ).train()
     path = save_atomic(
-        build_payload(model, discretizer, info(), {"seed": 0}, None), tmp_path / "checkpoint.pt"
+        build_payload(model, discretizer, tiny_training_info(), {"seed": 0}, None),
+        tmp_path / "checkpoint.pt",
     )
     raw = torch.load(path, weights_only=True)
     assert set(raw) >= {"model", "discretizer", "dataset", "config", "model_config"}
@@ -123,15 +70,15 @@ def test_save_then_load_gives_identical_outputs(tmp_path):
     tokens, _ = windows.batch(torch.arange(8))
     torch.testing.assert_close(loaded.model(tokens), model(tokens), rtol=0, atol=0)
     assert torch.equal(loaded.discretizer.edges, discretizer.edges)
-    assert loaded.dataset == info() and loaded.config == {"seed": 0}
+    assert loaded.dataset == tiny_training_info() and loaded.config == {"seed": 0}
 
 
 def run_to_end(tmp_path, stop_at=None, resume_from=None):
-    model, windows, discretizer, cfg = setup()
+    model, windows, discretizer, cfg = tiny_training()
     saved = {}
 
     def save(state):
-        saved["payload"] = build_payload(model, discretizer, info(), {}, state)
+        saved["payload"] = build_payload(model, discretizer, tiny_training_info(), {}, state)
         return save_atomic(saved["payload"], tmp_path / "checkpoint.pt")
 
     trainer = Trainer(model, windows, cfg, save, seed=0, progress=False)

@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resolve_device
 from trajectory_transformer.config import ConfigError, EvalConfig
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig
@@ -51,6 +52,8 @@ def run(cfg: EvaluateConfig) -> dict:
     settings = OmegaConf.to_container(cfg.planner, resolve=True)
     try:
         planner = BeamPlanner.from_checkpoint(cfg.checkpoint, device=device, **settings)
+    except CheckpointError:
+        raise  # a missing or unreadable file says so itself
     except ValueError as error:
         raise ConfigError(f"planner settings do not fit this checkpoint: {error}") from None
     info = planner.dataset

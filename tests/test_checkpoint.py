@@ -1,0 +1,135 @@
+"""Reading checkpoints: files that are not ours, and checkpoints written on a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import pickle
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_training, tiny_training_info
+
+from trajectory_transformer.checkpoint import (
+    CheckpointError,
+    build_payload,
+    load_checkpoint,
+    read_payload,
+    save_atomic,
+)
+from trajectory_transformer.training.trainer import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def tagged_as_cuda():
+    """Make `torch.save` record every storage as living on `cuda:0`, as a checkpoint written on a
+    GPU machine does, so that such a file can be made and read on a CPU-only one."""
+    registry = torch.serialization._package_registry
+    entry = (-1000, lambda storage: "cuda:0", lambda storage, location: None)
+    registry.insert(0, entry)
+    try:
+        yield
+    finally:
+        registry.remove(entry)
+
+
+def trained_checkpoint(path: Path, steps: int = 3, finished: bool = False) -> Path:
+    model, windows, discretizer, cfg = tiny_training()
+    trainer = Trainer(
+        model, windows, replace(cfg, max_steps=6), lambda s: path, seed=0, progress=False
+    )
+    trainer.log = lambda metrics, step: trainer.request_stop() if step == steps else None
+    with contextlib.suppress(KeyboardInterrupt):
+        trainer.train()
+    payload = build_payload(
+        model, discretizer, tiny_training_info(), {}, trainer.state(finished=finished)
+    )
+    return save_atomic(payload, path)
+
+
+@pytest.fixture
+def cuda_checkpoint(tmp_path) -> Path:
+    with tagged_as_cuda():
+        path = trained_checkpoint(tmp_path / "cuda" / "checkpoint.pt", finished=True)
+    with pytest.raises(RuntimeError, match="CUDA"):  # the file really claims the GPU
+        torch.load(path, weights_only=True)
+    return path
+
+
+def test_a_checkpoint_written_on_cuda_loads_on_the_cpu(cuda_checkpoint, tmp_path):
+    plain = trained_checkpoint(tmp_path / "cpu" / "checkpoint.pt", finished=True)
+    loaded, reference = load_checkpoint(cuda_checkpoint), load_checkpoint(plain)
+    assert all(p.device.type == "cpu" for p in loaded.model.parameters())
+    tokens = torch.randint(0, 16, (2, 8))
+    torch.testing.assert_close(loaded.model(tokens), reference.model(tokens))
+
+
+def test_training_resumes_on_the_cpu_from_a_cuda_checkpoint(cuda_checkpoint):
+    payload = read_payload(cuda_checkpoint)
+    model, windows, _, cfg = tiny_training()
+    model.load_state_dict(payload["model"])
+    trainer = Trainer(model, windows, replace(cfg, max_steps=6), lambda s: cuda_checkpoint)
+    trainer.progress = False
+    trainer.load_state(payload["training"])
+    for state in trainer.optimizer.state.values():
+        assert all(v.device.type == "cpu" for v in state.values() if torch.is_tensor(v))
+    assert trainer.step == 3
+    trainer.train()
+    assert trainer.step == 6
+
+
+def test_results_table_reads_a_cuda_checkpoint(cuda_checkpoint, monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "results_table", REPO / "scripts" / "results_table.py"
+    )
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "run", lambda command: pytest.fail(f"retrained: {command}"))
+    # A finished checkpoint is reused, not trained again.
+    assert script.train("pendulum-medium", 0, cuda_checkpoint.parent, []) == cuda_checkpoint
+
+
+class Foreign:
+    """Something another program pickled."""
+
+
+def foreign_files(folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    real = trained_checkpoint(folder / "real.pt")
+    files = {
+        "random bytes": folder / "random.pt",
+        "truncated": folder / "truncated.pt",
+        "a tensor": folder / "tensor.pt",
+        "a state dict": folder / "state_dict.pt",
+        "another program's object": folder / "object.pt",
+        "a plain pickle": folder / "plain.pt",
+    }
+    files["random bytes"].write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).numpy())
+    files["truncated"].write_bytes(real.read_bytes()[:5000])
+    torch.save(torch.zeros(3), files["a tensor"])
+    torch.save({"weight": torch.zeros(3)}, files["a state dict"])
+    torch.save({"format_version": 1, "model": Foreign()}, files["another program's object"])
+    files["a plain pickle"].write_bytes(pickle.dumps([1, 2, 3]))
+    return files
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_file_that_is_not_a_checkpoint_is_named_as_such(tmp_path):
+    for kind, path in foreign_files(tmp_path).items():
+        with pytest.raises(CheckpointError, match="is not a trajectory-transformer checkpoint \\("):
+            load_checkpoint(path)
+        with pytest.raises(CheckpointError) as error:
+            read_payload(path)
+        assert str(path) in str(error.value), kind
+
+
+def test_a_checkpoint_of_another_format_version_says_which(tmp_path):
+    path = trained_checkpoint(tmp_path / "checkpoint.pt")
+    payload = torch.load(path, weights_only=True)
+    save_atomic(payload | {"format_version": 99}, path)
+    with pytest.raises(CheckpointError, match="format 99; this version reads format 1"):
+        load_checkpoint(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -13,6 +14,7 @@ import pytest
 from conftest import create_dataset
 
 REPO = Path(__file__).resolve().parents[1]
+BUILD_LEFTOVERS = (".git", ".venv", "outputs", "multirun", "build", "*.egg-info", "__pycache__")
 
 
 def run(*command: str | os.PathLike, cwd: Path, env: dict | None = None):
@@ -24,18 +26,12 @@ def run(*command: str | os.PathLike, cwd: Path, env: dict | None = None):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    built = run(
-        sys.executable,
-        "-m",
-        "pip",
-        "wheel",
-        "--no-deps",
-        "--no-build-isolation",
-        "-w",
-        out,
-        REPO,
-        cwd=out,
-    )
+    # Built from a copy of the sources, so that no build folder lands in (or comes from) the
+    # checkout.
+    source = out / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*BUILD_LEFTOVERS))
+    pip_wheel = ("pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out, source)
+    built = run(sys.executable, "-m", *pip_wheel, cwd=out)
     assert built.returncode == 0, built.stdout + built.stderr
     (path,) = out.glob("trajectory_transformer-*.whl")
     return path

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
@@ -33,6 +34,13 @@ class Checkpoint:
     config: dict  # the resolved run config
     training: dict | None  # optimiser and progress; None in a weights-only export
     path: Path | None = None
+
+
+def value_targets_of(config: dict) -> tuple[float, float]:
+    """(discount, terminal_penalty) that a checkpoint's reward and value tokens were trained
+    with, from its resolved tt-train config (the defaults where it names none)."""
+    dataset = config.get("dataset", {})
+    return dataset.get("discount", DISCOUNT), dataset.get("terminal_penalty", TERMINAL_PENALTY)
 
 
 def build_payload(
@@ -119,22 +127,33 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     )
 
 
-def check_compatible(payload: dict, model_config: GPTConfig, dataset: DatasetInfo) -> None:
-    """Refuse a checkpoint made for another dataset or model shape, listing what differs."""
+def check_compatible(
+    payload: dict, model_config: GPTConfig, dataset: DatasetInfo, dataset_config: dict
+) -> None:
+    """Refuse to resume a checkpoint made for another dataset, other training targets (discount,
+    terminal penalty, discretizer) or another model shape, listing everything that differs."""
     differences = []
+
+    def compare(name: str, saved: object, now: object) -> None:
+        if saved != now:
+            differences.append(f"{name}: checkpoint {saved!r}, now {now!r}")
+
     saved_model = payload["model_config"]
     for key, value in asdict(model_config).items():
-        if saved_model.get(key) != value:
-            differences.append(f"model.{key}: checkpoint {saved_model.get(key)!r}, now {value!r}")
+        compare(f"model.{key}", saved_model.get(key), value)
     saved_data = payload["dataset"]
     for key in ("dataset_id", "observation_dim", "action_dim", "num_transitions"):
-        if saved_data.get(key) != getattr(dataset, key):
-            differences.append(
-                f"dataset.{key}: checkpoint {saved_data.get(key)!r}, now {getattr(dataset, key)!r}"
-            )
+        compare(f"dataset.{key}", saved_data.get(key), getattr(dataset, key))
+    # The value and reward tokens were built with these; new ones would silently change them.
+    saved_discount, saved_penalty = value_targets_of(payload["config"])
+    compare("dataset.discount", saved_discount, dataset_config["discount"])
+    compare("dataset.terminal_penalty", saved_penalty, dataset_config["terminal_penalty"])
+    saved_strategy = payload["discretizer"]["strategy"]
+    compare("dataset.discretizer", saved_strategy, dataset_config["discretizer"])
+    compare("dataset.n_bins", saved_model.get("n_bins"), dataset_config["n_bins"])
     if differences:
         raise CheckpointError(
-            "the checkpoint was made for another dataset or model shape:\n  "
+            "the checkpoint was made with other settings:\n  "
             + "\n  ".join(differences)
-            + "\nResume with the same dataset and model settings, or start a new run."
+            + "\nResume with the same dataset, targets and model settings, or start a new run."
         )

@@ -13,6 +13,8 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
+
 
 @dataclass
 class DatasetConfig:
@@ -23,9 +25,9 @@ class DatasetConfig:
     """Download a remote Minari dataset that is not local (needs network access)."""
     env_id: str | None = None
     """Evaluation environment id; by default the dataset's own eval env (or its env)."""
-    discount: float = 0.99
+    discount: float = DISCOUNT
     """Discount of the reward-to-go that becomes the value token."""
-    terminal_penalty: float = -100.0
+    terminal_penalty: float = TERMINAL_PENALTY
     """Added to the reward of a true termination (never to a time-limit truncation)."""
     discretizer: str = "quantile"
     """Binning per dimension: `quantile` (equal mass) or `uniform` (equal width)."""

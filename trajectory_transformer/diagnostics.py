@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trajectory_transformer.checkpoint import Checkpoint
+from trajectory_transformer.checkpoint import Checkpoint, value_targets_of
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
@@ -36,13 +36,6 @@ def dimension_names(observation_dim: int, action_dim: int, env_id: str | None = 
     obs = [f"obs {i}" for i in range(observation_dim)]
     act = [f"act {i}" for i in range(action_dim)]
     return [*obs, *act, "reward", "value"]
-
-
-def value_targets_of(config: dict) -> tuple[float, float]:
-    """(discount, terminal_penalty) that a checkpoint's reward and value tokens were trained
-    with, from its resolved tt-train config (the defaults where it names none)."""
-    dataset = config.get("dataset", {})
-    return dataset.get("discount", 0.99), dataset.get("terminal_penalty", -100.0)
 
 
 def dataset_tokens(checkpoint: Checkpoint) -> tuple[np.ndarray, TokenWindows]:

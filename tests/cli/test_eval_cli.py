@@ -2,6 +2,8 @@ import json
 
 from conftest import run_module
 
+from trajectory_transformer.checkpoint import read_payload, save_atomic
+
 SMALL_PLANNER = [
     "planner.horizon=2",
     "planner.beam_width=3",
@@ -119,3 +121,22 @@ def test_save_plots_writes_figures_next_to_the_results(tmp_path, tiny_checkpoint
         + [f"plan_step{s}_{k}.png" for s in (0, 3) for k in ("beams", "predictions", "scores")]
     )
     assert "figures of episode 0" in result.stdout
+
+
+def test_the_planner_discounts_as_the_checkpoint_was_trained(tmp_path, tiny_checkpoint):
+    payload = read_payload(tiny_checkpoint)
+    payload["config"]["dataset"]["discount"] = 0.9
+    save_atomic(payload, tiny_checkpoint)
+    quick = [f"checkpoint={tiny_checkpoint}", *SMALL_PLANNER, "eval.episodes=1"]
+
+    result = tt_eval(*quick, run_dir=tmp_path / "trained")
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "trained" / "results.json").read_text())
+    assert results["settings"]["planner"]["discount"] == 0.9
+    assert "note: planner.discount" not in result.stderr
+
+    result = tt_eval(*quick, "planner.discount=0.95", run_dir=tmp_path / "other")
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "other" / "results.json").read_text())
+    assert results["settings"]["planner"]["discount"] == 0.95
+    assert "note: planner.discount=0.95 differs from the discount 0.9" in result.stderr

@@ -65,6 +65,31 @@ def test_resume_with_another_model_shape_says_what_differs(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_resume_with_other_training_targets_says_what_differs(tmp_path):
+    create_dataset("test/tiny-v0")
+    tt_train("trainer.max_steps=2", run_dir=tmp_path / "run")
+    result = tt_train(
+        "trainer.max_steps=2",
+        "dataset.discount=0.9",
+        "dataset.terminal_penalty=-10",
+        "dataset.discretizer=uniform",
+        "dataset.n_bins=20",
+        f"resume={tmp_path / 'run' / 'checkpoint.pt'}",
+        run_dir=tmp_path / "b",
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    for line in (
+        "dataset.discount: checkpoint 0.99, now 0.9",
+        "dataset.terminal_penalty: checkpoint -100.0, now -10.0",
+        "dataset.discretizer: checkpoint 'quantile', now 'uniform'",
+        "dataset.n_bins: checkpoint 12, now 20",
+    ):
+        assert line in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "b" / "checkpoint.pt").exists()
+
+
 def test_unknown_dataset_is_one_clear_message(tmp_path):
     result = tt_train("dataset.id=nobody/nothing-v0", run_dir=tmp_path, check=False)
     assert result.returncode == 2

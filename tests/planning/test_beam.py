@@ -133,7 +133,7 @@ def test_beam_reorder_matches_a_recompute_of_the_selected_tokens() -> None:
     value = disc.expectation(logits[..., OBS + ACT, :].softmax(-1), OBS + ACT + 1)
     assert torch.allclose(search.rewards, reward, atol=1e-5)
     assert torch.allclose(search.values, value, atol=1e-5)
-    discounts = config.discount ** torch.arange(H + 1.0)
+    discounts = planner.config.discount ** torch.arange(H + 1.0)
     score = (reward * discounts[:H]).sum(-1) + discounts[H] * value[..., -1]
     assert torch.allclose(search.scores, score, atol=1e-5)
     assert (search.scores[:, :-1] >= search.scores[:, 1:]).all()  # best first
@@ -202,7 +202,7 @@ def test_inactive_envs_are_masked_without_changing_the_others() -> None:
     assert actions.shape == (3, ACT) and (actions[1] == 0).all()
 
 
-def tiny_checkpoint(path) -> None:
+def tiny_checkpoint(path, config: dict | None = None) -> None:
     model, disc = tiny_model(), tiny_discretizer()
     dataset = DatasetInfo(
         dataset_id="test/tiny-v0",
@@ -217,7 +217,18 @@ def tiny_checkpoint(path) -> None:
         num_episodes=1,
         num_transitions=500,
     )
-    save_atomic(build_payload(model, disc, dataset, {}, None), path)
+    save_atomic(build_payload(model, disc, dataset, config or {}, None), path)
+
+
+def test_the_discount_defaults_to_the_one_the_value_targets_were_built_with(tmp_path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    tiny_checkpoint(path, {"dataset": {"discount": 0.9, "terminal_penalty": -100.0}})
+    assert BeamPlanner.from_checkpoint(path, **SMALL).config.discount == 0.9
+    assert BeamPlanner.from_checkpoint(path, discount=None, **SMALL).config.discount == 0.9
+    assert BeamPlanner.from_checkpoint(path, discount=0.95, **SMALL).config.discount == 0.95
+    tiny_checkpoint(path)  # a config that names no discount was trained with the default
+    assert BeamPlanner.from_checkpoint(path, **SMALL).config.discount == 0.99
+    assert BeamPlanner(tiny_model(), tiny_discretizer(), **SMALL).config.discount == 0.99
 
 
 def test_act_observe_plan_on_a_checkpoint(tmp_path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from trajectory_transformer.checkpoint import CheckpointError
+from trajectory_transformer.checkpoint import CheckpointError, value_targets_of
 from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resolve_device
 from trajectory_transformer.config import ConfigError, EvalConfig
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig
@@ -56,6 +57,14 @@ def run(cfg: EvaluateConfig) -> dict:
         raise  # a missing or unreadable file says so itself
     except ValueError as error:
         raise ConfigError(f"planner settings do not fit this checkpoint: {error}") from None
+    trained_discount, _ = value_targets_of(planner.training_config)
+    if planner.config.discount != trained_discount:
+        print(
+            f"note: planner.discount={planner.config.discount} differs from the discount "
+            f"{trained_discount} that this checkpoint's value tokens were trained with, so the "
+            "plan's rewards and its terminal value are discounted differently",
+            file=sys.stderr,
+        )
     info = planner.dataset
     episodes = cfg.eval.episodes
     env = make_vector_env(
@@ -89,7 +98,7 @@ def run(cfg: EvaluateConfig) -> dict:
         "dataset": info.dataset_id,
         "env": cfg.eval.env_id or info.eval_env_id,
         "planner_preset": preset,
-        "planner": settings,
+        "planner": dataclasses.asdict(planner.config),
         "eval": OmegaConf.to_container(cfg.eval, resolve=True),
         "device": str(device),
     }

@@ -87,6 +87,8 @@ def train(cfg: TrainConfig) -> Path:
         embedding_dim=cfg.model.embedding_dim,
         dropout=cfg.model.dropout,
     )
+    if resume is not None:
+        check_compatible(resume, model_config, info, config["dataset"])
     windows = TokenWindows(
         transitions, episodes.lengths, discretizer, model_config.sequence_transitions
     )
@@ -100,7 +102,6 @@ def train(cfg: TrainConfig) -> Path:
     log, wandb_run = make_wandb_logger(cfg, config, run_dir)
     trainer = Trainer(model, windows, cfg.trainer, save, seed=cfg.seed, log=log)
     if resume is not None:
-        check_compatible(resume, model_config, info)
         model.load_state_dict(resume["model"])
         trainer.load_state(resume["training"])
         print(f"resumed from {cfg.resume} at step {trainer.step}/{trainer.total_steps}")

@@ -6,6 +6,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+DISCOUNT = 0.99
+"""Default discount of the reward-to-go that becomes the value token (the paper's)."""
+TERMINAL_PENALTY = -100.0
+"""Default penalty added to the reward of a true termination (the paper's)."""
+
 
 @dataclass(frozen=True)
 class Episodes:

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.episodes import DISCOUNT
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.sampling import sample_tokens
@@ -67,8 +68,10 @@ class PlannerConfig:
     temperature: float = 1.0
     """Logits are divided by this before filtering and sampling, and before the expectations
     of reward and value (as in the original)."""
-    discount: float = 0.99
-    """Discount of planned rewards and of the terminal value."""
+    discount: float | None = None
+    """Discount of planned rewards and of the terminal value. None: the discount that the
+    model's value tokens were trained with (`from_checkpoint` reads it from the checkpoint; a
+    planner built from a bare model assumes the training default, 0.99)."""
     plan_every: int = 1
     """`act` replans every this many steps and follows the rest of the last plan in between."""
     value_percentile: float | None = None
@@ -97,7 +100,7 @@ class PlannerConfig:
                 raise ValueError(f"planner.{name} must be in (0, 1] or None, got {value}")
         if self.temperature <= 0.0:
             raise ValueError(f"planner.temperature must be positive, got {self.temperature}")
-        if not 0.0 <= self.discount <= 1.0:
+        if self.discount is not None and not 0.0 <= self.discount <= 1.0:
             raise ValueError(f"planner.discount must be in [0, 1], got {self.discount}")
         if self.value_percentile is not None and not 0.0 < self.value_percentile < 1.0:
             raise ValueError(
@@ -115,6 +118,10 @@ class PlannerConfig:
         if unknown:
             raise ValueError(f"unknown planner settings {unknown}; valid ones: {sorted(names)}")
         return replace(self, **overrides)
+
+    def resolved(self, trained_discount: float = DISCOUNT) -> PlannerConfig:
+        """This config with the discount the value tokens were trained with where it is None."""
+        return self if self.discount is not None else replace(self, discount=trained_discount)
 
 
 @dataclass
@@ -211,7 +218,7 @@ class BeamPlanner:
         action_high: list[float] | np.ndarray | torch.Tensor | None = None,
         **overrides: object,
     ) -> None:
-        self.config = (config or PlannerConfig()).with_overrides(**overrides)
+        self.config = (config or PlannerConfig()).with_overrides(**overrides).resolved()
         self.device = torch.device(device) if device is not None else model.head_weight.device
         self.model = model.to(self.device).eval()
         self.discretizer = discretizer.to(self.device)
@@ -250,10 +257,13 @@ class BeamPlanner:
     def from_checkpoint(
         cls, path: str | os.PathLike, device: torch.device | str = "cpu", **overrides: object
     ) -> BeamPlanner:
-        """A planner over a checkpoint's model, clipping actions to its dataset's bounds."""
-        from trajectory_transformer.checkpoint import load_checkpoint
+        """A planner over a checkpoint's model, clipping actions to its dataset's bounds and
+        discounting, unless told otherwise, as the checkpoint's value targets were built."""
+        from trajectory_transformer.checkpoint import load_checkpoint, value_targets_of
 
         checkpoint = load_checkpoint(path, device)
+        if overrides.get("discount") is None:
+            overrides["discount"] = value_targets_of(checkpoint.config)[0]
         planner = cls(
             checkpoint.model,
             checkpoint.discretizer,

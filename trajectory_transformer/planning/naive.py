@@ -29,7 +29,7 @@ def naive_plan(
     action_high: torch.Tensor | None = None,
 ) -> Plan:
     """Plan for each 1-D context (whole past transitions, then the current observation)."""
-    config = config or PlannerConfig()
+    config = (config or PlannerConfig()).resolved()
     if isinstance(context_tokens, torch.Tensor) and context_tokens.ndim == 1:
         context_tokens = [context_tokens]
     model.eval()

@@ -35,8 +35,8 @@ class RecordingAgent:
     def __init__(self):
         self.resets, self.calls, self.dones = [], 0, []
 
-    def reset(self, num_envs):
-        self.resets.append(num_envs)
+    def reset(self, num_envs, seed=None):
+        self.resets.append((num_envs, seed))
 
     def act(self, observations, active=None):
         self.calls += 1
@@ -57,7 +57,7 @@ def test_episodes_are_seeded_in_order_and_scored():
     assert by_seed == {s: float(3 + s % 4) for s in range(10, 15)}
     assert result.lengths == [int(r) for r in result.returns]
     np.testing.assert_allclose(result.normalized_scores, np.array(result.returns) * 10)
-    assert agent.resets == [3, 3]  # two waves of three envs
+    assert agent.resets == [(3, 10), (3, 13)]  # two waves of three envs, each its own stream
     assert result.env_steps == sum(result.lengths)
     summary = result.summary()
     assert summary["return_mean"] == pytest.approx(np.mean(result.returns))
@@ -105,3 +105,30 @@ def test_env_with_other_shapes_is_refused_with_what_differs():
         check_env_matches(pendulum_info(), env)
     with pytest.raises(EnvMismatchError, match="action bounds"):
         check_env_matches(pendulum_info(low=-1.0), make_vector_env(pendulum_info(), 1))
+
+
+def test_every_wave_draws_its_own_random_numbers(tiny_checkpoint):
+    from trajectory_transformer.planning import BeamPlanner
+
+    planner = BeamPlanner.from_checkpoint(
+        tiny_checkpoint, horizon=2, beam_width=3, context_transitions=2
+    )
+    states = []
+    reset = planner.reset
+
+    def reset_and_look(num_envs, seed=None):
+        reset(num_envs, seed=seed)
+        states.append(planner.generator.get_state())
+
+    planner.reset = reset_and_look
+    env = make_vector_env(planner.dataset, 2, max_episode_steps=3)
+    try:
+        evaluate(planner, env, episodes=6, seed=0, progress=False)
+    finally:
+        env.close()
+    assert len(states) == 3
+    # Episode i and episode i + 2 (the same env of the next wave) are not driven by one stream.
+    assert not any(states[i].equal(states[j]) for i in range(3) for j in range(i))
+    reset(2)
+    default_stream = planner.generator.get_state()
+    assert not any(state.equal(default_stream) for state in states)

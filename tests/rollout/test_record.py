@@ -47,7 +47,7 @@ def test_evaluate_records_the_first_episode_with_its_plans(tiny_checkpoint):
 
 
 class ZeroAgent:
-    def reset(self, num_envs):
+    def reset(self, num_envs, seed=None):
         self.num_envs = num_envs
 
     def act(self, observations, active=None):

@@ -80,7 +80,8 @@ class PlannerConfig:
     deterministic: bool = False
     """Greedy (argmax) tokens everywhere instead of sampling; for tests and ablations."""
     seed: int = 0
-    """Seed of the planner's random generator (re-applied by `reset`)."""
+    """Seed of the planner's random generator, re-applied by `reset` (evaluation derives one
+    independent stream from it per wave of episodes)."""
 
     def __post_init__(self) -> None:
         for name in ("horizon", "beam_width", "n_expand", "plan_every"):
@@ -98,6 +99,8 @@ class PlannerConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 < value <= 1.0:
                 raise ValueError(f"planner.{name} must be in (0, 1] or None, got {value}")
+        if self.seed < 0:
+            raise ValueError(f"planner.seed must be non-negative, got {self.seed}")
         if self.temperature <= 0.0:
             raise ValueError(f"planner.temperature must be positive, got {self.temperature}")
         if self.discount is not None and not 0.0 <= self.discount <= 1.0:
@@ -279,13 +282,21 @@ class BeamPlanner:
     # --- per-environment state ------------------------------------------------------------
 
     def reset(self, num_envs: int, seed: int | None = None) -> None:
-        """Forget every context and plan; reseed (with `config.seed` unless given)."""
+        """Forget every context and plan, and reseed the generator: with `config.seed`, or,
+        given `seed`, with a stream of `config.seed` of its own for that `seed`. Evaluation
+        passes each wave's first episode seed, so that its waves draw independent numbers."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
         E, K, T = num_envs, self.config.context_transitions, self.transition_dim
         H, n_act = self.config.horizon, self.action_dim
         self.num_envs = E
-        self.generator.manual_seed(self.config.seed if seed is None else seed)
+        if seed is None:
+            self.generator.manual_seed(self.config.seed)
+        else:
+            stream = np.random.SeedSequence([self.config.seed, seed])
+            self.generator.manual_seed(int(stream.generate_state(1, dtype=np.uint64)[0]))
         # Shift buffer of each env's last K real transitions, oldest first; the valid ones are
         # the last `_history[e]`.
         self._context = torch.zeros(E, K, T, dtype=torch.long, device=self.device)

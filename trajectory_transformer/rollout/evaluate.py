@@ -19,7 +19,8 @@ from trajectory_transformer.rollout.record import EpisodeRecord
 class Agent(Protocol):
     """What evaluation needs of a policy: `BeamPlanner` is one."""
 
-    def reset(self, num_envs: int) -> None: ...
+    def reset(self, num_envs: int, seed: int | None = None) -> None:
+        """Start `num_envs` new episodes; `seed` names an independent random stream."""
 
     def act(self, observations: np.ndarray, active: np.ndarray | None = None) -> np.ndarray: ...
 
@@ -120,7 +121,9 @@ def evaluate(
         wave_seeds = [seed + wave_start + i for i in range(num_envs)]
         wanted = min(num_envs, episodes - wave_start)  # envs past `wanted` only fill the batch
         observations, _ = env.reset(seed=wave_seeds)
-        agent.reset(num_envs)
+        # Each wave draws its own random numbers: reseeding every wave alike would correlate
+        # episode i with episode i + num_envs, where the standard error assumes independence.
+        agent.reset(num_envs, seed=wave_seeds[0])
         running = np.zeros(num_envs, dtype=np.float64)
         length = np.zeros(num_envs, dtype=np.int64)
         active = np.zeros(num_envs, dtype=bool)

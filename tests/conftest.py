@@ -198,14 +198,8 @@ def tiny_training(seed: int = 0, **trainer_overrides):
         embedding_dim=32,
         dropout=0.1,
     )
-    cfg = TrainerConfig(
-        batch_size=16,
-        learning_rate=3e-3,
-        max_steps=40,
-        log_every=1,
-        checkpoint_every=1000,
-        **trainer_overrides,
-    )
+    settings = dict(batch_size=16, learning_rate=3e-3, max_steps=40, log_every=1)
+    cfg = TrainerConfig(**(settings | {"checkpoint_every": 1000} | trainer_overrides))
     return TrajectoryGPT(config), windows, discretizer, cfg
 
 

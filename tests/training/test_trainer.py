@@ -1,3 +1,6 @@
+import os
+import signal
+import time
 from dataclasses import replace
 
 import pytest
@@ -73,8 +76,10 @@ def test_save_then_load_gives_identical_outputs(tmp_path):
     assert loaded.dataset == tiny_training_info() and loaded.config == {"seed": 0}
 
 
-def run_to_end(tmp_path, stop_at=None, resume_from=None):
-    model, windows, discretizer, cfg = tiny_training()
+def run_to_end(tmp_path, stop_at=None, resume_from=None, prepare=None, **trainer_overrides):
+    """Train the tiny model to its 40th step, writing `tmp_path/checkpoint.pt`; `stop_at`
+    requests a stop (a first Ctrl-C) after that step; `prepare(trainer)` runs before training."""
+    model, windows, discretizer, cfg = tiny_training(**trainer_overrides)
     saved = {}
 
     def save(state):
@@ -88,8 +93,15 @@ def run_to_end(tmp_path, stop_at=None, resume_from=None):
         payload = torch.load(resume_from, weights_only=True)
         model.load_state_dict(payload["model"])
         trainer.load_state(payload["training"])
+    if prepare is not None:
+        prepare(trainer)
     trainer.train()
     return model, trainer
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("stop_at", [10, 19])  # 19 ends an epoch: 300 windows / 16
@@ -101,7 +113,102 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path, stop_at):
     assert state["step"] == stop_at and not state["finished"]
     resumed, trainer = run_to_end(tmp_path / "c", resume_from=tmp_path / "b" / "checkpoint.pt")
     assert trainer.step == 40
-    for (name, a), (_, b) in zip(
-        reference.state_dict().items(), resumed.state_dict().items(), strict=True
-    ):
-        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+    assert_same_weights(reference, resumed)
+
+
+def ctrl_c() -> None:
+    """A Ctrl-C as the terminal sends it; its handler runs before the next Python call ends."""
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0)
+
+
+def checkpoint_model(path):
+    model = tiny_training()[0]
+    payload = torch.load(path, weights_only=True)
+    model.load_state_dict(payload["model"])
+    return model, payload["training"]
+
+
+def test_a_second_ctrl_c_during_an_update_never_saves_half_a_step(tmp_path):
+    """The update is applied parameter group by parameter group (as optimisers do, tensor by
+    tensor); a second Ctrl-C arrives after the first group."""
+
+    def interrupt_update_of_step_13(trainer):
+        apply, groups = trainer.optimizer.step, trainer.optimizer.param_groups
+
+        def step_in_parts():
+            if trainer.step != 12:  # the counter moves once the update is applied
+                return apply()
+            ctrl_c()  # the first: stop after this step
+            for part in ([groups[0]], groups[1:]):
+                trainer.optimizer.param_groups = part
+                apply()
+                ctrl_c()  # the second: stop at once
+            trainer.optimizer.param_groups = groups
+
+        trainer.optimizer.step = step_in_parts
+
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "b", prepare=interrupt_update_of_step_13)
+    interrupted, state = checkpoint_model(tmp_path / "b" / "checkpoint.pt")
+    assert state["step"] == 13 and not state["finished"]  # the update was finished first
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "a", stop_at=13)
+    assert_same_weights(checkpoint_model(tmp_path / "a" / "checkpoint.pt")[0], interrupted)
+
+    reference, _ = run_to_end(tmp_path / "ref")
+    resumed, trainer = run_to_end(tmp_path / "c", resume_from=tmp_path / "b" / "checkpoint.pt")
+    assert trainer.step == 40
+    assert_same_weights(reference, resumed)
+
+
+def test_a_second_ctrl_c_before_the_update_drops_the_step_and_resumes_exactly(tmp_path):
+    """Ctrl-C twice in the middle of step 13's forward pass, after dropout drew random numbers:
+    the checkpoint holds 12 steps and the random state they left, so nothing is skipped."""
+
+    def interrupt_forward_of_step_13(trainer):
+        def hook(module, inputs, output):
+            if trainer.step == 12 and module.training:
+                ctrl_c()
+                ctrl_c()
+
+        trainer.model.blocks[-1].register_forward_hook(hook)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "b", prepare=interrupt_forward_of_step_13)
+    interrupted, state = checkpoint_model(tmp_path / "b" / "checkpoint.pt")
+    assert state["step"] == 12
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "a", stop_at=12)
+    assert_same_weights(checkpoint_model(tmp_path / "a" / "checkpoint.pt")[0], interrupted)
+
+    reference, _ = run_to_end(tmp_path / "ref")
+    resumed, trainer = run_to_end(tmp_path / "c", resume_from=tmp_path / "b" / "checkpoint.pt")
+    assert trainer.step == 40
+    assert_same_weights(reference, resumed)
+
+
+def test_a_ctrl_c_during_the_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    torch_save = torch.save
+
+    def save_then_interrupt(payload, file):
+        if payload["training"]["step"] == 8:  # the save that the stop at step 8 asked for
+            file.write(b"half a checkpoint")
+            raise KeyboardInterrupt
+        torch_save(payload, file)
+
+    monkeypatch.setattr(torch, "save", save_then_interrupt)
+    trainers = []
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "b", stop_at=8, prepare=trainers.append, checkpoint_every=5)
+    monkeypatch.setattr(torch, "save", torch_save)
+    assert trainers[0].step == 8 and trainers[0].saved_step == 5
+    assert [p.name for p in (tmp_path / "b").iterdir()] == ["checkpoint.pt"]  # no temporary
+    assert checkpoint_model(tmp_path / "b" / "checkpoint.pt")[1]["step"] == 5
+
+    reference, _ = run_to_end(tmp_path / "ref", checkpoint_every=5)
+    resumed, trainer = run_to_end(
+        tmp_path / "c", resume_from=tmp_path / "b" / "checkpoint.pt", checkpoint_every=5
+    )
+    assert trainer.step == 40
+    assert_same_weights(reference, resumed)

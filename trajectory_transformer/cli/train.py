@@ -56,6 +56,20 @@ def make_wandb_logger(cfg: TrainConfig, config: dict, run_dir: Path):
     return (lambda metrics, step: run.log(metrics, step=step)), run
 
 
+def interrupted_message(trainer: Trainer, checkpoint: Path, resumed_from: str | None) -> str:
+    """What a Ctrl-C left behind, and how to continue."""
+    if trainer.saved_step is None:
+        where = resumed_from or "the start (no checkpoint was written)"
+        return f"\ninterrupted at step {trainer.step}; continue from {where}."
+    saved = f"checkpoint of step {trainer.saved_step} in {checkpoint}"
+    if trainer.saved_step != trainer.step:
+        saved += f" (the save of step {trainer.step} was interrupted)"
+    return (
+        f"\ninterrupted at step {trainer.step}: {saved}; continue with "
+        f"`tt-train <same overrides> resume={checkpoint}`"
+    )
+
+
 def train(cfg: TrainConfig) -> Path:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
@@ -113,11 +127,7 @@ def train(cfg: TrainConfig) -> Path:
     try:
         summary = trainer.train()
     except KeyboardInterrupt:
-        print(
-            f"\ninterrupted at step {trainer.step}: checkpoint written to {checkpoint_path}; "
-            f"continue with `tt-train <same overrides> resume={checkpoint_path}`",
-            file=sys.stderr,
-        )
+        print(interrupted_message(trainer, checkpoint_path, cfg.resume), file=sys.stderr)
         sys.exit(130)
     finally:
         if wandb_run is not None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +88,14 @@ def planned_steps(cfg: TrainerConfig, windows: int) -> tuple[int, int]:
 
 
 class Trainer:
-    """Trains `model` on `windows`; `save(training_state)` persists a checkpoint."""
+    """Trains `model` on `windows`; `save(training_state)` persists a checkpoint.
+
+    Ctrl-C is safe at any moment. The first one stops the run after the step in progress and
+    writes a checkpoint. A second one stops at once: a step whose update has not begun is
+    dropped (resume redoes it), one being applied is finished first, so a checkpoint never
+    holds half a step. A Ctrl-C during a save aborts that save only; the file written before
+    it stays as it was (saves are atomic).
+    """
 
     def __init__(
         self,
@@ -111,8 +120,9 @@ class Trainer:
         self.steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
         self.tokens_per_step = cfg.batch_size * (model.config.block_size - 1)
         self.planned_tokens = float(self.total_steps * self.tokens_per_step)
-        # Batch order comes from its own generator, saved at each epoch start, so a resumed run
-        # regenerates the same permutation and skips the batches already done.
+        # Batch order comes from its own generator. Its state at the start of the current epoch
+        # is kept and saved, so a resumed run draws the same permutation and skips the batches
+        # already done.
         self.order_generator = torch.Generator().manual_seed(seed)
         torch.manual_seed(seed)
         self.step = 0
@@ -120,13 +130,25 @@ class Trainer:
         self.step_in_epoch = 0
         self.tokens_seen = 0.0
         self.last_loss = float("nan")
+        self.saved_step: int | None = None  # step of the last checkpoint written by `train`
         self._epoch_generator_state = self.order_generator.get_state()
         self._order: torch.Tensor | None = None
+        self._order_epoch = -1
+        self._rng_at_step_start: dict | None = None  # set while a step is in progress
         self._interrupted = False
+        self._applying = False  # a step's update is being applied: a Ctrl-C waits for it
+        self._abort_after_update = False
 
     # -- state ---------------------------------------------------------------------------
+    def _rng_state(self) -> dict:
+        state = {"torch_rng_state": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda_rng_state"] = torch.cuda.get_rng_state_all()
+        return state
+
     def state(self, finished: bool = False) -> dict:
-        state = {
+        """Everything needed to resume, as of the last completed step."""
+        return {
             "step": self.step,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -135,17 +157,10 @@ class Trainer:
             "last_loss": self.last_loss,
             "finished": finished,
             "optimizer": self.optimizer.state_dict(),
-            # At an epoch boundary the next permutation has not been drawn yet.
-            "epoch_generator_state": (
-                self._epoch_generator_state
-                if self.step_in_epoch
-                else self.order_generator.get_state()
-            ),
-            "torch_rng_state": torch.get_rng_state(),
+            "epoch_generator_state": self._epoch_generator_state,
+            # A step that was dropped half-way has drawn dropout masks; resume redraws them.
+            **(self._rng_at_step_start or self._rng_state()),
         }
-        if torch.cuda.is_available():
-            state["cuda_rng_state"] = torch.cuda.get_rng_state_all()
-        return state
 
     def load_state(self, state: dict) -> None:
         if state["total_steps"] != self.total_steps:
@@ -160,25 +175,57 @@ class Trainer:
         self.tokens_seen = state["tokens_seen"]
         self.last_loss = state["last_loss"]
         self._epoch_generator_state = state["epoch_generator_state"]
-        self.order_generator.set_state(self._epoch_generator_state)
+        self._order = None
         torch.set_rng_state(state["torch_rng_state"])
         if "cuda_rng_state" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng_state"])
 
     # -- loop ----------------------------------------------------------------------------
+    def _epoch_order(self) -> torch.Tensor:
+        """The current epoch's permutation of the windows, drawn once per epoch."""
+        if self._order is None or self._order_epoch != self.epoch:
+            self.order_generator.set_state(self._epoch_generator_state)
+            self._order = torch.randperm(len(self.windows), generator=self.order_generator)
+            self._order_epoch = self.epoch
+        return self._order
+
+    @contextlib.contextmanager
+    def _applied_whole(self) -> Iterator[None]:
+        """Apply an update as a unit: a Ctrl-C meanwhile takes effect once it is done."""
+        self._applying = True
+        try:
+            yield
+        finally:
+            self._applying = False
+        if self._abort_after_update:
+            self._abort_after_update = False
+            raise KeyboardInterrupt
+
     def train_step(self, window_ids: torch.Tensor) -> torch.Tensor:
+        """One optimisation step on the given windows; returns the loss (on the device)."""
+        self._rng_at_step_start = self._rng_state()
         tokens, mask = self.windows.batch(window_ids)
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        lr = learning_rate(self.cfg, self.tokens_seen, self.planned_tokens)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
         logits = self.model(tokens[:, :-1])  # (B, S - 1, N)
         loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.tokens_seen += tokens.shape[0] * (tokens.shape[1] - 1)
+        # Until here nothing of the run's state has changed; from here it changes as a whole.
+        with self._applied_whole():
+            lr = learning_rate(self.cfg, self.tokens_seen, self.planned_tokens)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+            self.tokens_seen += tokens.shape[0] * (tokens.shape[1] - 1)
+            self.step += 1
+            self.step_in_epoch += 1
+            if self.step_in_epoch == self.steps_per_epoch:
+                # Having drawn this epoch's permutation, the generator stands at the next's.
+                self._epoch_generator_state = self.order_generator.get_state()
+                self.epoch += 1
+                self.step_in_epoch = 0
+            self._rng_at_step_start = None
         return loss.detach()
 
     def request_stop(self) -> None:
@@ -186,16 +233,29 @@ class Trainer:
         self._interrupted = True
 
     def _catch_interrupt(self):
-        """Turn the first Ctrl-C into a stop at the next step boundary (a second one aborts)."""
+        """First Ctrl-C: stop after this step. Second: stop now, never inside an update."""
         if threading.current_thread() is not threading.main_thread():
             return None
 
         def handler(signum, frame):
-            if self._interrupted:
+            if not self._interrupted:
+                self.request_stop()
+                print(
+                    "\nstopping after this step to write a checkpoint (Ctrl-C again: at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            elif self._applying:
+                self._abort_after_update = True
+            else:
                 raise KeyboardInterrupt
-            self.request_stop()
 
         return signal.signal(signal.SIGINT, handler)
+
+    def _save(self, finished: bool = False) -> Path:
+        path = self.save(self.state(finished=finished))
+        self.saved_step = self.step
+        return path
 
     def train(self) -> TrainSummary:
         self.model.train()
@@ -213,17 +273,8 @@ class Trainer:
             while self.step < self.total_steps:
                 if self._interrupted:
                     raise KeyboardInterrupt
-                if self.step_in_epoch == 0 or self._order is None:
-                    if self.step_in_epoch == 0:
-                        self._epoch_generator_state = self.order_generator.get_state()
-                    self._order = torch.randperm(len(self.windows), generator=self.order_generator)
                 first = self.step_in_epoch * self.cfg.batch_size
-                loss = self.train_step(self._order[first : first + self.cfg.batch_size])
-                self.step += 1
-                self.step_in_epoch += 1
-                if self.step_in_epoch == self.steps_per_epoch:
-                    self.epoch += 1
-                    self.step_in_epoch = 0
+                loss = self.train_step(self._epoch_order()[first : first + self.cfg.batch_size])
                 bar.update(1)
                 if self.step % self.cfg.log_every == 0 or self.step == self.total_steps:
                     self.last_loss = float(loss)  # the only host sync, every log_every steps
@@ -235,11 +286,11 @@ class Trainer:
                         metrics |= {"train/tokens_per_s": rate, "train/epoch": self.epoch}
                         self.log(metrics, self.step)
                 if self.step % self.cfg.checkpoint_every == 0 and self.step < self.total_steps:
-                    self.save(self.state())
+                    self._save()
         except KeyboardInterrupt:
             if loss is not None:
-                self.last_loss = float(loss)
-            self.save(self.state())
+                self.last_loss = float(loss)  # of the last completed step
+            self._save()  # the last completed step; a further Ctrl-C aborts only this save
             raise
         finally:
             bar.close()
@@ -247,7 +298,7 @@ class Trainer:
                 signal.signal(signal.SIGINT, previous_handler)
         if loss is not None:
             self.last_loss = float(loss)
-        path = self.save(self.state(finished=True))
+        path = self._save(finished=True)
         seconds = time.perf_counter() - start_time
         return TrainSummary(
             steps=self.step,

@@ -3,6 +3,8 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -141,3 +143,19 @@ def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="tt-train failed"):
         monkeypatch.undo()
         train_cli.train_in_subprocess(tmp_path / "bad", ["dataset.id=test/missing-v0"])
+
+
+def test_the_interrupted_message_names_the_step_the_checkpoint_holds():
+    from trajectory_transformer.cli.train import interrupted_message
+
+    trainer = SimpleNamespace(step=8, saved_step=8)
+    text = interrupted_message(trainer, Path("run/checkpoint.pt"), None)
+    assert "checkpoint of step 8 in run/checkpoint.pt;" in text
+    assert "resume=run/checkpoint.pt" in text
+    trainer.saved_step = 5  # the save of step 8 was cut short: the file holds step 5
+    text = interrupted_message(trainer, Path("run/checkpoint.pt"), None)
+    assert "checkpoint of step 5" in text and "the save of step 8 was interrupted" in text
+    trainer.saved_step = None
+    assert "continue from old/checkpoint.pt" in interrupted_message(
+        trainer, Path("run/checkpoint.pt"), "old/checkpoint.pt"
+    )

@@ -200,3 +200,26 @@ def test_a_stale_build_lock_is_removed(tmp_path, monkeypatch) -> None:
     with pytest.warns(UserWarning, match="stale build lock"):
         native._clear_stale_lock(name)
     assert not os.path.exists(lock)
+
+
+def test_checkouts_of_the_same_source_share_one_build(tmp_path, monkeypatch) -> None:
+    """torch's build file names its source by path: each checkout compiling its own copy would
+    rebuild whenever another had built last. The same source gives the same name and path."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
+    paths = {}
+    for checkout in ("a", "b"):
+        source = tmp_path / checkout / "decode_attention.cpp"
+        source.parent.mkdir()
+        source.write_bytes(native.SOURCE.read_bytes())
+        monkeypatch.setattr(native, "SOURCE", source)
+        name, _ = native._build_options()
+        paths[checkout] = (name, native._source_in_build_directory(name))
+    assert paths["a"] == paths["b"]
+    copy = paths["a"][1]
+    assert copy.read_bytes() == source.read_bytes() and tmp_path / "extensions" in copy.parents
+    written = copy.stat().st_mtime_ns
+    native._source_in_build_directory(paths["a"][0])
+    assert copy.stat().st_mtime_ns == written  # untouched, so ninja has nothing to redo
+
+    source.write_bytes(source.read_bytes() + b"\n// changed\n")
+    assert native._build_options()[0] != paths["a"][0]  # another source, another build

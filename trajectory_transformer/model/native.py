@@ -16,6 +16,7 @@ or `native_kernels(False)`, turns the kernels off.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import platform
 import shutil
@@ -37,10 +38,12 @@ _failure: str | None = None
 
 
 def _build_options() -> tuple[str, list[str]]:
-    """Extension name and compiler flags for this CPU.
+    """Extension name and compiler flags for this CPU and this source.
 
     The name carries the instruction set, so a cache shared between machines (a cluster's home
-    directory) never loads AVX2 code on a CPU without it.
+    directory) never loads AVX2 code on a CPU without it, and a hash of the source, so that
+    checkouts and installs of the same source share one build and different ones never
+    rebuild each other's.
     """
     capability = torch.backends.cpu.get_cpu_capability()  # "DEFAULT", "AVX2", "AVX512", ...
     flags = ["-O3", "-ffast-math", "-fopenmp"]
@@ -49,7 +52,26 @@ def _build_options() -> tuple[str, list[str]]:
         flags += ["-mavx2", "-mfma"]
     else:
         capability = "generic"
-    return f"trajectory_transformer_decode_{capability.lower()}", flags
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
+    return f"trajectory_transformer_decode_{capability.lower()}_{digest}", flags
+
+
+def _source_in_build_directory(name: str) -> Path:
+    """The source, copied into the extension's build directory: torch's build file names the
+    source by its path, so compiling from each checkout's own copy would rebuild every time
+    another checkout had built last."""
+    from torch.utils import cpp_extension
+
+    try:
+        copy = Path(cpp_extension._get_build_directory(name, verbose=False)) / SOURCE.name
+    except AttributeError:  # a torch without this helper: build from the package's copy
+        return SOURCE
+    text = SOURCE.read_bytes()
+    if not copy.is_file() or copy.read_bytes() != text:
+        staged = copy.with_suffix(f".{os.getpid()}.tmp")
+        staged.write_bytes(text)
+        os.replace(staged, copy)  # atomic: a concurrent build never reads half a file
+    return copy
 
 
 def _put_ninja_on_path() -> None:
@@ -98,7 +120,8 @@ def load(verbose: bool = False) -> object | None:
     try:
         _put_ninja_on_path()
         _clear_stale_lock(name)
-        _module = load_extension(name, [str(SOURCE)], extra_cflags=flags, verbose=verbose)
+        source = _source_in_build_directory(name)
+        _module = load_extension(name, [str(source)], extra_cflags=flags, verbose=verbose)
     except Exception as error:  # compiler, ninja or linker missing or failing
         _failure = f"{type(error).__name__}: {str(error).strip()[-800:]}"
         warnings.warn(

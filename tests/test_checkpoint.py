@@ -131,5 +131,25 @@ def test_a_checkpoint_of_another_format_version_says_which(tmp_path):
     path = trained_checkpoint(tmp_path / "checkpoint.pt")
     payload = torch.load(path, weights_only=True)
     save_atomic(payload | {"format_version": 99}, path)
-    with pytest.raises(CheckpointError, match="format 99; this version reads format 1"):
+    with pytest.raises(CheckpointError, match="format 99; this version reads formats 1, 2"):
         load_checkpoint(path)
+
+
+def test_a_format_1_checkpoint_decodes_as_before_with_one_notice(tmp_path):
+    """Format 1 stored the discretizer's edges alone; its tokens decode to bin midpoints."""
+    path = trained_checkpoint(tmp_path / "checkpoint.pt")
+    payload = torch.load(path, weights_only=True)
+    edges = payload["discretizer"]["edges"]
+    payload["format_version"] = 1
+    payload["discretizer"] = {"edges": edges, "strategy": "uniform"}
+    save_atomic(payload, path)
+
+    with pytest.warns(UserWarning, match="format 1: its tokens decode to bin midpoints") as seen:
+        loaded = load_checkpoint(path)
+    assert len(seen) == 1
+    tokens = torch.arange(16)[:, None].expand(16, edges.shape[0])  # every token of every dim
+    midpoints = (0.5 * (edges[:, 1:] + edges[:, :-1])).T
+    assert torch.equal(loaded.discretizer.decode(tokens), midpoints)
+    x = torch.linspace(-3, 3, 50)[:, None].expand(50, edges.shape[0]).contiguous()
+    before = torch.searchsorted(edges[:, 1:-1].contiguous(), x.T.contiguous(), right=True).T
+    assert torch.equal(loaded.discretizer.encode(x), before)

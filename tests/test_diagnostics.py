@@ -59,8 +59,8 @@ def test_plan_distributions_reproduce_the_cached_planners_expectations():
     )
     distributions = plan_distributions(model, snapshot, temperature=1.5)
     best = snapshot.best
-    reward = torch.as_tensor(distributions.rewards) @ discretizer.centres[-2]
-    value = torch.as_tensor(distributions.values) @ discretizer.centres[-1]
+    reward = torch.as_tensor(distributions.rewards) @ discretizer.values[-2]
+    value = torch.as_tensor(distributions.values) @ discretizer.values[-1]
     torch.testing.assert_close(reward, plan.rewards[0, best], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(value, plan.values[0, best], atol=1e-5, rtol=1e-5)
 

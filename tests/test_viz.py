@@ -113,7 +113,7 @@ def test_prediction_panels_say_when_probability_lies_off_the_plot(recorded):
     snapshot = record.plans[0]
     distributions = plan_distributions(planner.model, snapshot)
     middle = planner.discretizer.n_bins // 2
-    centre = float(planner.discretizer.centres[-1, middle])
+    centre = float(planner.discretizer.values[-1, middle])
     plan = replace(snapshot.plan, values=torch.full_like(snapshot.plan.values, centre))
     snapshot = PlanSnapshot(snapshot.step, snapshot.context, plan)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: the discretizer stores what each token decodes to (bin means); 1: edges only (midpoints)."""
+READABLE_FORMATS = (1, 2)
 
 
 class CheckpointError(ValueError):
@@ -103,10 +106,18 @@ def read_payload(path: str | os.PathLike) -> dict:
             f"{path} is not a trajectory-transformer checkpoint (it holds {found}, "
             f"without a format_version)."
         )
-    if payload["format_version"] != FORMAT_VERSION:
+    version = payload["format_version"]
+    if version not in READABLE_FORMATS:
         raise CheckpointError(
-            f"{path} is a trajectory-transformer checkpoint of format "
-            f"{payload['format_version']!r}; this version reads format {FORMAT_VERSION}."
+            f"{path} is a trajectory-transformer checkpoint of format {version!r}; this "
+            f"version reads formats {', '.join(map(str, READABLE_FORMATS))}."
+        )
+    if version == 1:
+        warnings.warn(
+            f"{path} is a checkpoint of format 1: its tokens decode to bin midpoints, as it was "
+            "trained; a model trained now decodes them to the mean of the data in each bin",
+            UserWarning,
+            stacklevel=2,
         )
     return payload
 
@@ -151,6 +162,8 @@ def check_compatible(
     saved_strategy = payload["discretizer"]["strategy"]
     compare("dataset.discretizer", saved_strategy, dataset_config["discretizer"])
     compare("dataset.n_bins", saved_model.get("n_bins"), dataset_config["n_bins"])
+    saved_decoding = payload["discretizer"].get("bin_values", "midpoint")  # format 1: midpoints
+    compare("dataset.bin_values", saved_decoding, dataset_config["bin_values"])
     if differences:
         raise CheckpointError(
             "the checkpoint was made with other settings:\n  "

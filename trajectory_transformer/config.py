@@ -33,6 +33,10 @@ class DatasetConfig:
     """Binning per dimension: `quantile` (equal mass) or `uniform` (equal width)."""
     n_bins: int = 100
     """Bins (vocabulary size) per dimension."""
+    bin_values: str = "mean"
+    """What a token decodes to: `mean`, the mean of the training values in its bin (repeated
+    quantile edges merged, so a point mass such as a saturated action or a zero reward keeps a
+    bin of its own), or `midpoint` of the bin's edges, as the original code did."""
 
 
 @dataclass

@@ -179,7 +179,7 @@ def compounding_error(
     Each window's first `context_transitions` transitions are given; every later observation,
     reward and value token is then the model's most likely one (as the planner's default
     `k_obs=1` picks observations), while actions stay the true ones. Errors are measured on
-    decoded bin centres, so the discretisation itself costs nothing here.
+    decoded token values, so the discretisation itself costs nothing here.
     """
     c = model.config
     O, A, T = c.observation_dim, c.action_dim, c.transition_dim  # noqa: E741

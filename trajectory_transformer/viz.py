@@ -86,7 +86,7 @@ def plot_plan_beams(
     axes[0].legend(fontsize=8)
     fig.suptitle(
         f"Plans made at step {snapshot.step}: {B} beams over {H} transitions "
-        "(planned values are bin centres)"
+        "(planned values are decoded tokens)"
     )
     return fig
 

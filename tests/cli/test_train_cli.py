@@ -76,6 +76,7 @@ def test_resume_with_other_training_targets_says_what_differs(tmp_path):
         "dataset.terminal_penalty=-10",
         "dataset.discretizer=uniform",
         "dataset.n_bins=20",
+        "dataset.bin_values=midpoint",
         f"resume={tmp_path / 'run' / 'checkpoint.pt'}",
         run_dir=tmp_path / "b",
         check=False,
@@ -86,6 +87,7 @@ def test_resume_with_other_training_targets_says_what_differs(tmp_path):
         "dataset.terminal_penalty: checkpoint -100.0, now -10.0",
         "dataset.discretizer: checkpoint 'quantile', now 'uniform'",
         "dataset.n_bins: checkpoint 12, now 20",
+        "dataset.bin_values: checkpoint 'mean', now 'midpoint'",
     ):
         assert line in result.stderr
     assert "Traceback" not in result.stderr
@@ -159,3 +161,24 @@ def test_the_interrupted_message_names_the_step_the_checkpoint_holds():
     assert "continue from old/checkpoint.pt" in interrupted_message(
         trainer, Path("run/checkpoint.pt"), "old/checkpoint.pt"
     )
+
+
+def test_the_discretizer_summary_names_poor_and_discrete_dimensions(capsys):
+    import numpy as np
+
+    from trajectory_transformer.cli.train import describe_discretizer
+    from trajectory_transformer.data.discretizer import Discretizer
+
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(2000, 5))  # obs0 obs1 act0 rew val
+    data[:, 3] = rng.choice([0.0, 0.5, 1.0, 2.0, 9.0], size=2000)  # a reward of five values
+    describe_discretizer(Discretizer.fit(data, 50), data, obs=2, act=1)
+    out, err = capsys.readouterr()
+    assert "in standard deviations: obs0=" in out and "rew=0.0%" in out
+    assert "bins in use where fewer than 50 (a point mass takes one of its own): rew=5" in out
+    assert "fewer distinct values than the 50 bins in rew (5)" in err
+    assert "round-trip error above" not in err
+
+    describe_discretizer(Discretizer.fit(data, 50, bin_values="midpoint"), data, obs=2, act=1)
+    out, err = capsys.readouterr()
+    assert "round-trip error above 0.1 standard deviations in rew (" in err

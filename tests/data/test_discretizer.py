@@ -5,23 +5,115 @@ import torch
 from trajectory_transformer.data.discretizer import Discretizer
 
 
+def round_trip(discretizer: Discretizer, values, dim: int = 0) -> np.ndarray:
+    x = torch.as_tensor(np.asarray(values, dtype=np.float32)[:, None])
+    return discretizer.decode(discretizer.encode(x, slice(dim, dim + 1)), slice(dim, dim + 1))[
+        :, 0
+    ].numpy()
+
+
+@pytest.mark.parametrize("bin_values", ["mean", "midpoint"])
 @pytest.mark.parametrize("strategy", ["uniform", "quantile"])
-def test_round_trip_error_is_within_a_bin(strategy):
+def test_every_value_decodes_within_its_bin(strategy, bin_values):
     rng = np.random.default_rng(0)
     data = np.stack(
         [rng.normal(size=5000), rng.uniform(-3, 7, 5000), rng.exponential(size=5000)], 1
     )
-    discretizer = Discretizer.fit(data, n_bins=50, strategy=strategy)
+    discretizer = Discretizer.fit(data, n_bins=50, strategy=strategy, bin_values=bin_values)
     x = torch.as_tensor(data, dtype=torch.float32)
     tokens = discretizer.encode(x)
     assert tokens.dtype == torch.long and tokens.min() >= 0 and tokens.max() < 50
     decoded = discretizer.decode(tokens)
-    # Every value decodes to the centre of the bin that contains it.
-    width = discretizer.edges[:, 1:] - discretizer.edges[:, :-1]  # (D, N)
-    half_width = torch.gather(width, 1, tokens.T).T / 2
-    assert torch.all((decoded - x).abs() <= half_width + 1e-5)
-    error = discretizer.reconstruction_error(data)
-    assert error.shape == (3,) and np.all(error < 0.02)
+    low = torch.gather(discretizer.edges, 1, tokens.T).T
+    high = torch.gather(discretizer.edges, 1, tokens.T + 1).T
+    assert torch.all((low <= decoded) & (decoded <= high))
+    assert torch.all((low <= x) & (x <= high))
+    if bin_values == "midpoint":  # the original scheme: the bin's centre
+        torch.testing.assert_close(decoded, (low + high) / 2)
+    error = discretizer.reconstruction_error(data)  # in standard deviations
+    assert error.shape == (3,) and np.all(error < 0.05)
+
+
+def test_tokens_decode_to_the_mean_of_their_training_values():
+    data = np.random.default_rng(4).normal(size=(3000, 2))
+    discretizer = Discretizer.fit(data, n_bins=20)
+    tokens = discretizer.encode(torch.as_tensor(data, dtype=torch.float32)).numpy()
+    for dim in range(2):
+        for token in range(20):
+            inside = data[tokens[:, dim] == token, dim]
+            assert len(inside) > 0  # quantile bins: none is empty
+            np.testing.assert_allclose(discretizer.values[dim, token], inside.mean(), atol=1e-5)
+
+
+def test_saturated_actions_decode_to_their_bounds():
+    """SAC-like actions pressing against both bounds (35% at +1, a few % at -1)."""
+    rng = np.random.default_rng(0)
+    actions = np.clip(rng.normal(0.8, 0.5, 10_000), -1, 1)
+    assert (actions == 1).mean() > 0.3 and 0.0 < (actions == -1).mean() < 0.05
+    fitted = Discretizer.fit(actions[:, None], 100, "quantile")
+    np.testing.assert_allclose(round_trip(fitted, [-1.0, 1.0]), [-1.0, 1.0], atol=1e-6)
+    # The midpoint scheme carries a full-left action out at two thirds of its strength.
+    midpoint = Discretizer.fit(actions[:, None], 100, "quantile", bin_values="midpoint")
+    assert round_trip(midpoint, [-1.0])[0] > -0.75
+    # Away from the bounds, the round trip stays within the data's spread.
+    inner = actions[(actions > -1) & (actions < 1)]
+    assert np.abs(round_trip(fitted, inner) - inner).mean() < 0.02 * actions.std()
+
+
+def test_a_sparse_zero_one_reward_decodes_to_zero_and_one():
+    rewards = np.zeros(10_000)
+    rewards[np.random.default_rng(1).permutation(10_000)[:1000]] = 1.0
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    np.testing.assert_array_equal(round_trip(fitted, [0.0, 1.0]), [0.0, 1.0])
+    assert fitted.effective_bins.tolist() == [2]
+    assert fitted.encode(torch.tensor([[0.0], [1.0]])).flatten().tolist() == [0, 1]
+    # A prediction that is certainly the zero token expects exactly zero reward.
+    certain = torch.zeros(100)
+    certain[0] = 1.0
+    assert float(fitted.expectation(certain, 0)) == 0.0
+    midpoint = Discretizer.fit(rewards[:, None], 100, "quantile", bin_values="midpoint")
+    assert round_trip(midpoint, [0.0])[0] > 0.04  # the original scheme: not zero
+
+
+@pytest.mark.parametrize("strategy", ["quantile", "uniform"])
+def test_a_constant_dimension_decodes_exactly(strategy):
+    data = np.stack([np.full(500, 3.25), np.random.default_rng(2).normal(size=500)], 1)
+    fitted = Discretizer.fit(data, 16, strategy)
+    np.testing.assert_array_equal(round_trip(fitted, [3.25]), [3.25])
+    assert fitted.reconstruction_error(data)[0] == 0.0
+    if strategy == "quantile":
+        assert fitted.effective_bins.tolist() == [1, 16]
+
+
+def test_a_dimension_of_five_values_decodes_each_to_itself():
+    levels = np.array([-2.0, 0.0, 0.5, 1.0, 7.0])
+    data = np.random.default_rng(3).choice(levels, size=(5000, 1), p=[0.1, 0.6, 0.1, 0.1, 0.1])
+    fitted = Discretizer.fit(data, 100, "quantile")
+    np.testing.assert_array_equal(round_trip(fitted, levels), levels)
+    assert fitted.effective_bins.tolist() == [5]
+    assert fitted.reconstruction_error(data)[0] == 0.0
+    # Midpoints miss by a good part of a standard deviation: what the summary warns about.
+    midpoint = Discretizer.fit(data, 100, "quantile", bin_values="midpoint")
+    assert midpoint.reconstruction_error(data)[0] > 0.2
+
+
+def test_a_uniform_bin_the_data_never_reached_decodes_to_its_midpoint():
+    data = np.concatenate([np.linspace(0, 1, 500), np.linspace(9, 10, 500)])[:, None]
+    fitted = Discretizer.fit(data, 10, "uniform")
+    assert fitted.effective_bins.tolist() == [10]  # uniform bins keep their widths
+    for token in range(10):
+        inside = data[(fitted.encode(torch.as_tensor(data, dtype=torch.float32)) == token)[:, 0]]
+        expected = inside.mean() if len(inside) else 0.5 + token  # [1, 9) hold nothing
+        assert float(fitted.values[0, token]) == pytest.approx(expected, abs=1e-5), token
+
+
+def test_unused_tokens_are_unreachable_and_decode_within_the_data():
+    data = np.repeat([[0.0], [1.0], [2.0]], 100, axis=0)
+    fitted = Discretizer.fit(data, 8, "quantile")
+    assert fitted.effective_bins.tolist() == [3]
+    tokens = fitted.encode(torch.tensor([[-100.0], [0.5], [1e9]]))
+    assert tokens.max() < 3
+    assert torch.isfinite(fitted.values).all() and fitted.values.max() <= 2.0 + 1e-6
 
 
 def test_uniform_bins_are_equal_width_and_quantile_bins_equal_mass():
@@ -58,17 +150,35 @@ def test_expectation_and_percentile():
     probs = torch.zeros(2, 10)
     probs[0, 2] = 1.0
     probs[1, [1, 8]] = 0.5
+    values = discretizer.values[0]  # the mean of the data in each bin: 2.495 for [2, 3) ...
+    torch.testing.assert_close(values[[1, 2, 8]], torch.tensor([1.495, 2.495, 8.495]))
     mean = discretizer.expectation(probs, 0)
-    torch.testing.assert_close(mean, torch.tensor([2.5, 5.0]))
+    torch.testing.assert_close(mean, torch.stack([values[2], (values[1] + values[8]) / 2]))
     low = discretizer.expectation(probs, 0, percentile=0.25)
-    torch.testing.assert_close(low, torch.tensor([2.5, 1.5]))
+    torch.testing.assert_close(low, values[[2, 1]])
 
 
 def test_state_dict_round_trip():
-    discretizer = Discretizer.fit(np.random.default_rng(3).normal(size=(100, 2)), 8, "uniform")
-    clone = Discretizer.from_state_dict(discretizer.state_dict())
-    x = torch.randn(7, 2)
-    assert torch.equal(clone.encode(x), discretizer.encode(x)) and clone.strategy == "uniform"
+    data = np.random.default_rng(3).normal(size=(100, 2)).round(1)  # ties: merged bins
+    for discretizer in (Discretizer.fit(data, 8, "uniform"), Discretizer.fit(data, 40)):
+        clone = Discretizer.from_state_dict(discretizer.state_dict())
+        x = torch.randn(7, 2)
+        assert torch.equal(clone.encode(x), discretizer.encode(x))
+        assert torch.equal(clone.decode(clone.encode(x)), discretizer.decode(discretizer.encode(x)))
+        assert clone.strategy == discretizer.strategy and clone.bin_values == "mean"
+
+
+def test_an_edges_only_state_decodes_to_midpoints_as_before():
+    """The discretizer state of format-1 checkpoints: edges and strategy alone."""
+    edges = torch.tensor([[0.0, 1.0, 1.0, 1.0, 4.0]])
+    old = Discretizer.from_state_dict({"edges": edges, "strategy": "quantile"})
+    assert old.bin_values == "midpoint" and old.effective_bins.tolist() == [4]
+    x = torch.tensor([[-1.0], [0.5], [1.0], [3.0], [9.0]])
+    # As the earlier code did: searchsorted over the inner edges, then bin centres.
+    tokens = torch.searchsorted(edges[:, 1:-1], x.T.contiguous(), right=True).T
+    assert torch.equal(old.encode(x), tokens)
+    centres = 0.5 * (edges[0, 1:] + edges[0, :-1])
+    assert torch.equal(old.decode(old.encode(x))[:, 0], centres[tokens[:, 0]])
 
 
 def test_unknown_strategy_is_refused():

@@ -261,3 +261,24 @@ def test_act_observe_plan_on_a_checkpoint(tmp_path) -> None:
     assert plan.scores.shape == (2, 4) and plan.best.tolist() == [0, 0]
     with pytest.raises(ValueError, match=r"shape \(2, 3\)"):
         planner.act(np.zeros((3, OBS)))
+
+
+@torch.inference_mode()
+def test_a_plan_of_certainly_zero_rewards_scores_its_discounted_value() -> None:
+    """Sparse 0/1 rewards: where the model is sure of a zero reward, the beam score is exactly
+    discount^H times the terminal value (no phantom reward from a bin's midpoint)."""
+    data = np.random.default_rng(0).normal(size=(500, T))
+    data[:, OBS + ACT] = (np.arange(500) % 10 == 0).astype(float)  # 90% zeros, 10% ones
+    disc = Discretizer.fit(data, n_bins=N, strategy="quantile")
+    zero = int(disc.encode(torch.zeros(1, 1), slice(OBS + ACT, OBS + ACT + 1)))
+    model = tiny_model()
+    with torch.no_grad():  # the head after the last action token predicts the reward
+        model.head_weight[OBS + ACT - 1] = 0.0
+        model.head_bias[OBS + ACT - 1] = -1e4
+        model.head_bias[OBS + ACT - 1, zero] = 1e4
+    planner = BeamPlanner(model, disc, **SMALL)
+    planner.reset(2)
+    plan = planner.plan(np.random.default_rng(1).normal(size=(2, OBS)))
+    assert torch.equal(plan.rewards, torch.zeros_like(plan.rewards))
+    H, discount = planner.config.horizon, planner.config.discount
+    torch.testing.assert_close(plan.scores, discount**H * plan.values[..., -1])

@@ -29,15 +29,40 @@ from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 from trajectory_transformer.training.trainer import Trainer
 
+ROUND_TRIP_WARNING = 0.1
+"""Round-trip error, in standard deviations of a dimension, above which tt-train warns."""
+
 
 def describe_discretizer(discretizer: Discretizer, transitions: np.ndarray, obs: int, act: int):
-    error = discretizer.reconstruction_error(transitions)
+    """Print the round-trip error and the bins in use per dimension; warn where either says
+    that the tokens represent a dimension poorly or that it is (nearly) discrete."""
     names = [f"obs{i}" for i in range(obs)] + [f"act{i}" for i in range(act)] + ["rew", "val"]
-    cells = " ".join(f"{n}={e:.2%}" for n, e in zip(names, error, strict=True))
+    error = discretizer.reconstruction_error(transitions)
+    bins = discretizer.effective_bins.tolist()
+    N = discretizer.n_bins
+    cells = " ".join(f"{n}={e:.1%}" for n, e in zip(names, error, strict=True))
     print(
-        f"discretizer ({discretizer.strategy}, {discretizer.n_bins} bins) round-trip error "
-        f"per dimension, relative to its range: {cells}"
+        f"discretizer ({discretizer.strategy}, {N} bins, decoded to bin {discretizer.bin_values}s)"
+        f" round-trip error per dimension, in standard deviations: {cells}"
     )
+    if any(b < N for b in bins):
+        used = " ".join(f"{n}={b}" for n, b in zip(names, bins, strict=True) if b < N)
+        print(f"bins in use where fewer than {N} (a point mass takes one of its own): {used}")
+    poor = [f"{n} ({e:.2f})" for n, e in zip(names, error, strict=True) if e > ROUND_TRIP_WARNING]
+    if poor:
+        print(
+            f"warning: round-trip error above {ROUND_TRIP_WARNING} standard deviations in "
+            f"{', '.join(poor)}; more bins (dataset.n_bins) or dataset.bin_values=mean may help",
+            file=sys.stderr,
+        )
+    distinct = [len(np.unique(column)) for column in np.asarray(transitions).T]
+    few = [f"{n} ({d})" for n, d in zip(names, distinct, strict=True) if d < N]
+    if few:
+        print(
+            f"warning: fewer distinct values than the {N} bins in {', '.join(few)}: these "
+            "dimensions are (nearly) discrete, so some of their tokens are never used",
+            file=sys.stderr,
+        )
 
 
 def make_wandb_logger(cfg: TrainConfig, config: dict, run_dir: Path):
@@ -88,7 +113,9 @@ def train(cfg: TrainConfig) -> Path:
     if resume is not None:
         discretizer = Discretizer.from_state_dict(resume["discretizer"])
     else:
-        discretizer = Discretizer.fit(transitions, cfg.dataset.n_bins, cfg.dataset.discretizer)
+        discretizer = Discretizer.fit(
+            transitions, cfg.dataset.n_bins, cfg.dataset.discretizer, cfg.dataset.bin_values
+        )
     describe_discretizer(discretizer, transitions, info.observation_dim, info.action_dim)
 
     model_config = GPTConfig(

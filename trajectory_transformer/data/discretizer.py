@@ -1,9 +1,23 @@
 """Per-dimension discretisation of continuous transitions into tokens, in torch.
 
-Each dimension j has `n_bins` bins given by `n_bins + 1` sorted edges. `uniform` spaces the
-edges evenly between the data's min and max; `quantile` puts an equal share of the data in
-each bin. A value maps to the bin that contains it (values outside the fitted range clip to
-the edge bins) and a token decodes to its bin centre.
+Each dimension j has `n_bins` tokens. Token k holds the values in `[edges[j, k], edges[j, k + 1])`
+(values outside the fitted range clip to the first and last bin) and decodes to `values[j, k]`.
+
+`uniform` spaces the edges evenly between the data's min and max; `quantile` puts an equal
+share of the data in each bin. Real datasets hold point masses (actions saturated at their
+bounds, sparse 0/1 rewards, a contact force that is mostly zero), where quantile edges repeat.
+With `bin_values="mean"` (the default) such a point mass (a value holding a bin's share of the
+data, or a repeated minimum or maximum) gets a bin of its own, the rest of the data is split by
+quantiles, and no bin is left empty; a dimension may then use fewer tokens than `n_bins`
+(`effective_bins`), and the unused ones sit at the top with zero width. Each token
+decodes to the mean of the training values that fell in its bin (the conditional mean), so
+a saturated action decodes to its bound and a certainly-zero reward to exactly 0. A bin the
+data never reached (possible with uniform bins) decodes to its midpoint. Uniform bins keep
+their equal widths and get the conditional means too: it is the decoding of least squared
+error for the training data whichever the edges.
+
+`bin_values="midpoint"` is the original code's scheme: quantile edges as they fall, every token
+decoded to its bin's midpoint. Checkpoints of format 1 decode this way, as they were trained.
 """
 
 from __future__ import annotations
@@ -12,90 +26,211 @@ import numpy as np
 import torch
 
 STRATEGIES = ("uniform", "quantile")
+BIN_VALUES = ("mean", "midpoint")
 
 
 class Discretizer:
-    def __init__(self, edges: torch.Tensor, strategy: str = "quantile") -> None:
+    def __init__(
+        self,
+        edges: torch.Tensor,
+        strategy: str = "quantile",
+        values: torch.Tensor | None = None,
+        effective_bins: torch.Tensor | None = None,
+        bin_values: str = "midpoint",
+    ) -> None:
+        """`edges` (D, N + 1) non-decreasing; `values` (D, N) what each token decodes to
+        (default: bin midpoints); `effective_bins` (D,) tokens in use per dimension, the lowest
+        ones (default: all N)."""
         if edges.ndim != 2 or edges.shape[1] < 2:
             raise ValueError(f"edges must be (dims, n_bins + 1), got {tuple(edges.shape)}")
         self.strategy = strategy
+        self.bin_values = bin_values
         self.edges = edges.to(torch.float32)  # (D, N + 1)
-        self.centres = 0.5 * (self.edges[:, 1:] + self.edges[:, :-1])  # (D, N)
-        # Inner edges decide the bin; searchsorted over them gives 0..N-1 with clipping for free.
-        self._inner = self.edges[:, 1:-1].contiguous()  # (D, N - 1)
+        D, N = self.edges.shape[0], self.edges.shape[1] - 1
+        midpoints = 0.5 * (self.edges[:, 1:] + self.edges[:, :-1])  # (D, N)
+        self.values = midpoints if values is None else values.to(self.edges)  # (D, N)
+        if effective_bins is None:
+            effective_bins = torch.full((D,), N, dtype=torch.long)
+        self.effective_bins = effective_bins.to(device=self.edges.device, dtype=torch.long)
+        # Token k starts at threshold k - 1: searchsorted over the inner edges of the bins in
+        # use gives 0..bins-1 with clipping at both ends; +inf keeps unused tokens unreachable.
+        inner = torch.arange(1, N, device=self.edges.device)  # (N - 1,)
+        in_use = inner[None, :] < self.effective_bins[:, None]  # (D, N - 1)
+        self._thresholds = torch.where(
+            in_use, self.edges[:, 1:-1], torch.full_like(self.edges[:, 1:-1], torch.inf)
+        ).contiguous()
 
     @classmethod
-    def fit(cls, data: np.ndarray, n_bins: int = 100, strategy: str = "quantile") -> Discretizer:
-        """Fit edges to `data` of shape (rows, dims), each dimension on its own."""
+    def fit(
+        cls,
+        data: np.ndarray,
+        n_bins: int = 100,
+        strategy: str = "quantile",
+        bin_values: str = "mean",
+    ) -> Discretizer:
+        """Fit edges, and with `bin_values="mean"` the decoded values, to `data` (rows, dims),
+        each dimension on its own."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown discretizer {strategy!r}; choose one of {STRATEGIES}")
+        if bin_values not in BIN_VALUES:
+            raise ValueError(f"unknown bin_values {bin_values!r}; choose one of {BIN_VALUES}")
         if n_bins < 2:
             raise ValueError(f"n_bins must be at least 2, got {n_bins}")
-        data = np.asarray(data, dtype=np.float64)
+        # Encoding runs in float32, so the bins are fitted to the float32 values.
+        data = np.asarray(data, dtype=np.float32)
         if strategy == "uniform":
             low, high = data.min(axis=0), data.max(axis=0)
-            edges = np.linspace(low, high, n_bins + 1, axis=1)  # (D, N + 1)
-        else:
-            edges = np.quantile(data, np.linspace(0.0, 1.0, n_bins + 1), axis=0).T
-        return cls(torch.from_numpy(edges).float(), strategy)
+            grid = np.linspace(low, high, n_bins + 1, axis=1).astype(np.float32)  # (D, N + 1)
+        elif bin_values == "midpoint":
+            levels = np.linspace(0.0, 1.0, n_bins + 1)
+            grid = np.quantile(data.astype(np.float64), levels, axis=0).T.astype(np.float32)
+        if bin_values == "midpoint":
+            return cls(torch.from_numpy(grid), strategy, bin_values="midpoint")
+
+        D = data.shape[1]
+        edges = np.empty((D, n_bins + 1), dtype=np.float32)
+        values = np.empty((D, n_bins), dtype=np.float32)
+        effective_bins = np.empty(D, dtype=np.int64)
+        for j, column in enumerate(data.T):
+            bounds = grid[j] if strategy == "uniform" else _quantile_bounds(column, n_bins)
+            edges[j], values[j], effective_bins[j] = _conditional_means(bounds, column, n_bins)
+        return cls(
+            torch.from_numpy(edges),
+            strategy,
+            torch.from_numpy(values),
+            torch.from_numpy(effective_bins),
+            bin_values="mean",
+        )
 
     @property
     def n_bins(self) -> int:
-        return self.centres.shape[1]
+        return self.values.shape[1]
 
     @property
     def dims(self) -> int:
-        return self.centres.shape[0]
+        return self.values.shape[0]
 
     @property
     def device(self) -> torch.device:
         return self.edges.device
 
     def to(self, device: torch.device | str) -> Discretizer:
-        return Discretizer(self.edges.to(device), self.strategy)
+        return Discretizer(
+            self.edges.to(device),
+            self.strategy,
+            self.values.to(device),
+            self.effective_bins.to(device),
+            self.bin_values,
+        )
 
     def _dims(self, dims: slice | torch.Tensor | None) -> slice | torch.Tensor:
         return slice(None) if dims is None else dims
 
     def encode(self, x: torch.Tensor, dims: slice | torch.Tensor | None = None) -> torch.Tensor:
         """Values (..., D') -> tokens (..., D') int64, for dimensions `dims` (default all)."""
-        inner = self._inner[self._dims(dims)]  # (D', N - 1)
-        flat = x.to(inner).reshape(-1, inner.shape[0]).T.contiguous()  # (D', M)
-        tokens = torch.searchsorted(inner, flat, right=True)  # (D', M)
+        thresholds = self._thresholds[self._dims(dims)]  # (D', N - 1)
+        flat = x.to(thresholds).reshape(-1, thresholds.shape[0]).T.contiguous()  # (D', M)
+        tokens = torch.searchsorted(thresholds, flat, right=True)  # (D', M)
         return tokens.T.reshape(x.shape)
 
     def decode(
         self, tokens: torch.Tensor, dims: slice | torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Tokens (..., D') -> bin centres (..., D') float32."""
-        centres = self.centres[self._dims(dims)]  # (D', N)
-        flat = tokens.reshape(-1, centres.shape[0]).T  # (D', M)
-        return torch.gather(centres, 1, flat).T.reshape(tokens.shape)
+        """Tokens (..., D') -> decoded values (..., D') float32."""
+        values = self.values[self._dims(dims)]  # (D', N)
+        flat = tokens.reshape(-1, values.shape[0]).T  # (D', M)
+        return torch.gather(values, 1, flat).T.reshape(tokens.shape)
 
     def expectation(
         self, probs: torch.Tensor, dim: int, percentile: float | None = None
     ) -> torch.Tensor:
         """Mean (or a percentile) of dimension `dim` under token probabilities (..., N)."""
-        centres = self.centres[dim]  # (N,)
+        values = self.values[dim]  # (N,)
         if percentile is None:
-            return probs @ centres
+            return probs @ values
         # The smallest bin whose cumulative probability reaches the percentile.
         cdf = probs.cumsum(dim=-1)
         index = torch.searchsorted(cdf, torch.full_like(cdf[..., :1], percentile)).clamp_(
             max=self.n_bins - 1
         )
-        return centres[index.squeeze(-1)]
+        return values[index.squeeze(-1)]
 
     def reconstruction_error(self, data: np.ndarray) -> np.ndarray:
-        """Mean absolute round-trip error per dimension, relative to each dimension's range."""
-        x = torch.as_tensor(np.asarray(data, dtype=np.float32), device=self.device)
-        error = (self.decode(self.encode(x)) - x).abs().mean(dim=0)
-        span = (self.edges[:, -1] - self.edges[:, 0]).clamp_min(1e-12)
-        return (error / span).cpu().numpy()
+        """Mean absolute round-trip error per dimension, in standard deviations of the data
+        (in the data's own units for a constant dimension)."""
+        data = np.asarray(data, dtype=np.float32)
+        x = torch.as_tensor(data, device=self.device)
+        error = (self.decode(self.encode(x)) - x).abs().mean(dim=0).cpu().numpy()
+        spread = data.std(axis=0, dtype=np.float64)
+        return error / np.where(spread > 0, spread, 1.0)
 
     def state_dict(self) -> dict:
-        return {"edges": self.edges.cpu(), "strategy": self.strategy}
+        return {
+            "edges": self.edges.cpu(),
+            "values": self.values.cpu(),
+            "effective_bins": self.effective_bins.cpu(),
+            "strategy": self.strategy,
+            "bin_values": self.bin_values,
+        }
 
     @classmethod
     def from_state_dict(cls, state: dict) -> Discretizer:
-        return cls(state["edges"], state["strategy"])
+        """Also reads the state of format-1 checkpoints (edges only): midpoints, all bins."""
+        return cls(
+            state["edges"],
+            state["strategy"],
+            state.get("values"),
+            state.get("effective_bins"),
+            state.get("bin_values", "midpoint"),
+        )
+
+
+def _quantile_bounds(column: np.ndarray, n_bins: int) -> np.ndarray:
+    """Boundaries (at most N + 1) of quantile bins for one dimension, point masses apart.
+
+    A point mass is a value that holds a bin's share of the data or more (where quantile edges
+    would repeat), or a repeated minimum or maximum (an action saturated at its bound). Each
+    gets the bin `[value, next float32)` of its own; the remaining data is split by quantiles
+    into the bins left over, and a bin left empty between two others joins the one below.
+    """
+    values, counts = np.unique(column, return_counts=True)
+    heavy = counts >= len(column) / n_bins
+    heavy[[0, -1]] |= counts[[0, -1]] >= 2
+    masses = values[heavy]
+    rest = column[~np.isin(column, masses)]
+    if len(rest):
+        inside = np.count_nonzero((masses > rest.min()) & (masses < rest.max()))
+        # A mass inside the rest's range splits one of its bins in three, one outside adds one.
+        left = n_bins - 2 * inside - (len(masses) - inside)
+    if (len(rest) and left < 1) or len(masses) > n_bins:  # too many masses: edges as they fall
+        masses, rest, left = masses[:0], column, n_bins
+    bounds = [masses, np.nextafter(masses, np.float32(np.inf))]
+    if len(rest):
+        edges = np.quantile(rest.astype(np.float64), np.linspace(0.0, 1.0, left + 1))
+        if len(masses) and masses[-1] > rest.max():
+            edges = edges[:-1]  # the mass above closes the top bin; the maximum of the rest
+            # as a boundary would give it a bin of its own
+        bounds.append(edges.astype(np.float32))
+    bounds = np.unique(np.concatenate(bounds))
+    if len(bounds) == 1:  # one value, not repeated: a bin of its own all the same
+        bounds = np.append(bounds, np.nextafter(bounds[0], np.float32(np.inf)))
+    tokens = np.searchsorted(bounds[1:-1], column, side="right")
+    filled = np.bincount(tokens, minlength=len(bounds) - 1) > 0
+    # The first bin holds the minimum; each later empty bin joins the bin below it.
+    return bounds[np.concatenate([[True], filled[1:], [True]])]
+
+
+def _conditional_means(
+    bounds: np.ndarray, column: np.ndarray, n_bins: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Edges (N + 1,), decoded values (N,) and the number of bins in use, from the boundaries
+    of the bins in use: unused tokens are zero-width bins at the top; each token decodes to
+    the mean of the data in its bin, or to its midpoint where it holds none."""
+    used = len(bounds) - 1
+    edges = np.concatenate([bounds, np.full(n_bins - used, bounds[-1], dtype=np.float32)])
+    tokens = np.searchsorted(bounds[1:-1], column, side="right")
+    counts = np.bincount(tokens, minlength=n_bins)
+    sums = np.bincount(tokens, weights=column, minlength=n_bins)
+    midpoints = 0.5 * (edges[1:].astype(np.float64) + edges[:-1])
+    values = np.where(counts > 0, sums / np.maximum(counts, 1), midpoints)
+    return edges, values.astype(np.float32), used

@@ -138,9 +138,9 @@ class Plan:
     tokens: torch.Tensor
     """(E, beams, H, T) int64 sampled tokens."""
     observations: torch.Tensor
-    """(E, beams, H, O) bin centres of the observation tokens."""
+    """(E, beams, H, O) decoded values of the observation tokens."""
     beam_actions: torch.Tensor
-    """(E, beams, H, A) bin centres of the action tokens, clipped to the action bounds."""
+    """(E, beams, H, A) decoded values of the action tokens, clipped to the action bounds."""
     rewards: torch.Tensor
     """(E, beams, H) expected reward (or percentile) that the score used."""
     values: torch.Tensor

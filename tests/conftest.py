@@ -143,6 +143,20 @@ def tiny_gpt(
     return TrajectoryGPT(config).eval()
 
 
+TINY_TRAINING = [
+    "dataset.id=test/tiny-v0",
+    "dataset.n_bins=12",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.embedding_dim=16",
+    "model.sequence_transitions=3",
+    "trainer.batch_size=8",
+    "trainer.log_every=2",
+    "device=cpu",
+]
+"""tt-train overrides for a seconds-long run on `test/tiny-v0` (see `create_dataset`)."""
+
+
 def run_module(module: str, *args: str, timeout: float = 180.0, check: bool = False):
     """Run `python -m module args...` as a user would, capturing its output."""
     import os

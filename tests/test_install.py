@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import create_dataset
+from conftest import TINY_TRAINING, create_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_LEFTOVERS = (".git", ".venv", "outputs", "multirun", "build", "*.egg-info", "__pycache__")
@@ -90,15 +90,8 @@ def test_installed_wheel_runs_the_clis_outside_the_checkout(wheel, tmp_path, min
     trained = run(
         venv / "bin" / "tt-train",
         "dataset=pendulum-medium",  # a config group, read from the installed package
-        "dataset.id=test/tiny-v0",
-        "dataset.n_bins=12",
-        "model.n_layer=1",
-        "model.n_head=2",
-        "model.embedding_dim=16",
-        "model.sequence_transitions=3",
-        "trainer.batch_size=8",
+        *TINY_TRAINING,
         "trainer.max_steps=2",
-        "device=cpu",
         "hydra.run.dir=run",
         cwd=elsewhere,
         env=env,

@@ -8,19 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import TINY_TRAINING as TINY
 from conftest import create_dataset, run_module
-
-TINY = [
-    "dataset.id=test/tiny-v0",
-    "dataset.n_bins=12",
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.embedding_dim=16",
-    "model.sequence_transitions=3",
-    "trainer.batch_size=8",
-    "trainer.log_every=2",
-    "device=cpu",
-]
 
 
 def tt_train(*overrides, run_dir, check=True):

@@ -129,6 +129,24 @@ def checkpoint_model(path):
     return model, payload["training"]
 
 
+def assert_interrupted_at_a_whole_step(tmp_path, prepare, step: int) -> None:
+    """The run that `prepare` interrupts leaves the checkpoint that a clean stop after `step`
+    steps leaves, and resuming from it ends where an uninterrupted run ends."""
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "interrupted", prepare=prepare)
+    interrupted, state = checkpoint_model(tmp_path / "interrupted" / "checkpoint.pt")
+    assert state["step"] == step and not state["finished"]
+    with pytest.raises(KeyboardInterrupt):
+        run_to_end(tmp_path / "stopped", stop_at=step)
+    assert_same_weights(checkpoint_model(tmp_path / "stopped" / "checkpoint.pt")[0], interrupted)
+
+    reference, _ = run_to_end(tmp_path / "reference")
+    checkpoint = tmp_path / "interrupted" / "checkpoint.pt"
+    resumed, trainer = run_to_end(tmp_path / "resumed", resume_from=checkpoint)
+    assert trainer.step == 40
+    assert_same_weights(reference, resumed)
+
+
 def test_a_second_ctrl_c_during_an_update_never_saves_half_a_step(tmp_path):
     """The update is applied parameter group by parameter group (as optimisers do, tensor by
     tensor); a second Ctrl-C arrives after the first group."""
@@ -148,18 +166,8 @@ def test_a_second_ctrl_c_during_an_update_never_saves_half_a_step(tmp_path):
 
         trainer.optimizer.step = step_in_parts
 
-    with pytest.raises(KeyboardInterrupt):
-        run_to_end(tmp_path / "b", prepare=interrupt_update_of_step_13)
-    interrupted, state = checkpoint_model(tmp_path / "b" / "checkpoint.pt")
-    assert state["step"] == 13 and not state["finished"]  # the update was finished first
-    with pytest.raises(KeyboardInterrupt):
-        run_to_end(tmp_path / "a", stop_at=13)
-    assert_same_weights(checkpoint_model(tmp_path / "a" / "checkpoint.pt")[0], interrupted)
-
-    reference, _ = run_to_end(tmp_path / "ref")
-    resumed, trainer = run_to_end(tmp_path / "c", resume_from=tmp_path / "b" / "checkpoint.pt")
-    assert trainer.step == 40
-    assert_same_weights(reference, resumed)
+    # The update was finished first: the checkpoint holds step 13 whole.
+    assert_interrupted_at_a_whole_step(tmp_path, interrupt_update_of_step_13, 13)
 
 
 def test_a_second_ctrl_c_before_the_update_drops_the_step_and_resumes_exactly(tmp_path):
@@ -174,18 +182,7 @@ def test_a_second_ctrl_c_before_the_update_drops_the_step_and_resumes_exactly(tm
 
         trainer.model.blocks[-1].register_forward_hook(hook)
 
-    with pytest.raises(KeyboardInterrupt):
-        run_to_end(tmp_path / "b", prepare=interrupt_forward_of_step_13)
-    interrupted, state = checkpoint_model(tmp_path / "b" / "checkpoint.pt")
-    assert state["step"] == 12
-    with pytest.raises(KeyboardInterrupt):
-        run_to_end(tmp_path / "a", stop_at=12)
-    assert_same_weights(checkpoint_model(tmp_path / "a" / "checkpoint.pt")[0], interrupted)
-
-    reference, _ = run_to_end(tmp_path / "ref")
-    resumed, trainer = run_to_end(tmp_path / "c", resume_from=tmp_path / "b" / "checkpoint.pt")
-    assert trainer.step == 40
-    assert_same_weights(reference, resumed)
+    assert_interrupted_at_a_whole_step(tmp_path, interrupt_forward_of_step_13, 12)
 
 
 def test_a_ctrl_c_during_the_save_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):

@@ -204,7 +204,8 @@ def test_a_stale_build_lock_is_removed(tmp_path, monkeypatch) -> None:
 
 def test_checkouts_of_the_same_source_share_one_build(tmp_path, monkeypatch) -> None:
     """torch's build file names its source by path: each checkout compiling its own copy would
-    rebuild whenever another had built last. The same source gives the same name and path."""
+    rebuild whenever another had built last. The same source in the same environment gives the
+    same name and path; another source or another torch, another name."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     paths = {}
     for checkout in ("a", "b"):
@@ -221,5 +222,9 @@ def test_checkouts_of_the_same_source_share_one_build(tmp_path, monkeypatch) -> 
     native._source_in_build_directory(paths["a"][0])
     assert copy.stat().st_mtime_ns == written  # untouched, so ninja has nothing to redo
 
+    monkeypatch.setattr(native.torch, "__version__", "0.0.0+elsewhere")
+    assert native._build_options()[0] != paths["a"][0]  # another torch, another build
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "SOURCE", source)
     source.write_bytes(source.read_bytes() + b"\n// changed\n")
     assert native._build_options()[0] != paths["a"][0]  # another source, another build

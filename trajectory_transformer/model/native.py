@@ -21,6 +21,7 @@ import os
 import platform
 import shutil
 import sys
+import sysconfig
 import threading
 import time
 import warnings
@@ -41,9 +42,10 @@ def _build_options() -> tuple[str, list[str]]:
     """Extension name and compiler flags for this CPU and this source.
 
     The name carries the instruction set, so a cache shared between machines (a cluster's home
-    directory) never loads AVX2 code on a CPU without it, and a hash of the source, so that
-    checkouts and installs of the same source share one build and different ones never
-    rebuild each other's.
+    directory) never loads AVX2 code on a CPU without it, and a hash of the source and of the
+    torch and Python it compiles against (their header paths are written into the build
+    file), so that checkouts of the same source in one environment share one build, and
+    other sources or environments never rebuild each other's.
     """
     capability = torch.backends.cpu.get_cpu_capability()  # "DEFAULT", "AVX2", "AVX512", ...
     flags = ["-O3", "-ffast-math", "-fopenmp"]
@@ -52,8 +54,12 @@ def _build_options() -> tuple[str, list[str]]:
         flags += ["-mavx2", "-mfma"]
     else:
         capability = "generic"
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:10]
-    return f"trajectory_transformer_decode_{capability.lower()}_{digest}", flags
+    from torch.utils import cpp_extension
+
+    environment = [torch.__version__, *cpp_extension.include_paths(), sysconfig.get_path("include")]
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update("\0".join([*environment, *flags]).encode())
+    return f"trajectory_transformer_decode_{capability.lower()}_{digest.hexdigest()[:10]}", flags
 
 
 def _source_in_build_directory(name: str) -> Path:

@@ -16,6 +16,7 @@ import torch
 from conftest import tiny_gpt
 
 from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.model.native import native_kernels
 from trajectory_transformer.planning import BeamPlanner
 
 GOLDEN = Path(__file__).with_name("golden_plan.json")
@@ -50,9 +51,12 @@ def golden() -> dict:
 
 
 @pytest.mark.parametrize("name", ["greedy", "sampled"])
-def test_plans_equal_the_pinned_ones(name: str) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["native", "pytorch"])
+def test_plans_equal_the_pinned_ones(name: str, native: bool) -> None:
+    """Both decode paths on the CPU: the native kernels and the PyTorch modules."""
     expected = json.loads(GOLDEN.read_text())[name]
-    plan = golden()[name]
+    with native_kernels(native):
+        plan = golden()[name]
     assert plan["tokens"] == expected["tokens"]
     np.testing.assert_allclose(plan["scores"], expected["scores"], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(plan["actions"], expected["actions"], rtol=1e-5, atol=1e-6)

@@ -11,8 +11,14 @@ from conftest import tiny_gpt
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
-from trajectory_transformer.model.gpt import shared_prefix_attention, trajectory_attention_mask
+from trajectory_transformer.model.gpt import trajectory_attention_mask
+from trajectory_transformer.model.kv_cache import RowLayout, shared_prefix_attention
 from trajectory_transformer.planning import BeamPlanner
+
+
+def uses_native(model, cache) -> bool:
+    """Whether `model.decoder(cache)` takes the native kernels."""
+    return native.decoder(model, cache, module_step=None) is not None
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,7 @@ def kernel():
     return module.decode_attention
 
 
-def reference(qkv, prefix_k, prefix_v, own_k, own_v, groups, members, P, t, T):
+def reference(qkv, prefix_k, prefix_v, own_k, own_v, layout, P, t, T):
     """shared_prefix_attention on the same inputs, with the model's mask row of the query."""
     R, heads, hs = qkv.shape[0], own_k.shape[1], own_k.shape[3]
     q, k, v = qkv.view(R, 3, heads, 1, hs).unbind(1)  # (R, nh, 1, hs) each
@@ -34,12 +40,12 @@ def reference(qkv, prefix_k, prefix_v, own_k, own_v, groups, members, P, t, T):
     bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
     y = shared_prefix_attention(
         q,
-        prefix_k[:groups, :, :P],
-        prefix_v[:groups, :, :P],
+        prefix_k[: layout.groups, :, :P],
+        prefix_v[: layout.groups, :, :P],
         keys[:, :, : t + 1],
         values[:, :, : t + 1],
         bias,
-        members,
+        layout,
     )
     return y.transpose(1, 2).reshape(R, heads * hs), keys, values
 
@@ -65,9 +71,10 @@ def test_kernel_matches_reference_and_writes_the_cache(
     own_k = torch.randn(R + 2, heads, t + 3, head_size, generator=g)
     own_v = torch.randn(R + 2, heads, t + 3, head_size, generator=g)
     before_k, before_v = own_k.clone(), own_v.clone()
-    args = (groups, members, P, t, T)
-    expected, keys, values = reference(qkv, prefix_k, prefix_v, own_k, own_v, *args)
-    out = kernel(qkv, prefix_k, prefix_v, own_k, own_v, *args)
+    layout = RowLayout(groups, members)
+    expected, keys, values = reference(qkv, prefix_k, prefix_v, own_k, own_v, layout, P, t, T)
+    group_of_row = layout.group_of_rows(R + 2)  # as the cache hands it over: for every row
+    out = kernel(qkv, prefix_k, prefix_v, own_k, own_v, group_of_row, P, t, T)
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
     # The new key and value are written at own position t of rows [0, R); nothing else moves.
     assert torch.equal(own_k[:R], keys) and torch.equal(own_v[:R], values)
@@ -78,12 +85,15 @@ def test_kernel_checks_its_inputs(kernel) -> None:
     qkv = torch.randn(4, 3 * 16)
     prefix = torch.randn(1, 2, 5, 8)
     own = torch.randn(4, 2, 6, 8)
+    groups = torch.zeros(4, dtype=torch.long)
     with pytest.raises(RuntimeError, match="contiguous float32"):
-        kernel(qkv.double(), prefix, prefix, own, own, 1, 4, 5, 0, 7)
-    with pytest.raises(RuntimeError, match="whole copies"):
-        kernel(qkv[:3], prefix, prefix, own, own, 1, 2, 5, 0, 7)
+        kernel(qkv.double(), prefix, prefix, own, own, groups, 5, 0, 7)
+    with pytest.raises(RuntimeError, match="a group for every row"):
+        kernel(qkv, prefix, prefix, own, own, groups[:3], 5, 0, 7)
+    with pytest.raises(RuntimeError, match="names prefix row 1"):
+        kernel(qkv, prefix, prefix, own, own, torch.tensor([0, 0, 1, 0]), 5, 0, 7)
     with pytest.raises(RuntimeError, match="outside the cache"):
-        kernel(qkv, prefix, prefix, own, own, 1, 4, 5, 6, 7)
+        kernel(qkv, prefix, prefix, own, own, groups, 5, 6, 7)
 
 
 @torch.no_grad()
@@ -101,7 +111,7 @@ def test_decode_step_native_equals_the_module_path(kernel) -> None:
         cache = model.new_shared_prefix_cache(2, members, 12, prefix_len=T + 3, own_len=2 * T)
         model.prefill(context, cache)
         with native.native_kernels(use_native):
-            assert (model._native_kernels(cache) is not None) == use_native
+            assert uses_native(model, cache) == use_native
             logits[use_native] = torch.stack(
                 [
                     model.decode_step(planned[:, i], cache, T + 3 + i)
@@ -120,14 +130,14 @@ def test_native_path_only_for_cpu_inference(kernel) -> None:
     cache = model.new_shared_prefix_cache(1, 2, 2, prefix_len=4, own_len=4)
     with torch.no_grad():
         model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
-        assert model._native_kernels(cache) is not None
-        assert model._native_kernels(model.new_cache(2)) is None  # no shared prefix
+        assert uses_native(model, cache)
+        assert not uses_native(model, model.new_cache(2))  # no shared prefix
         with native.native_kernels(False):
-            assert model._native_kernels(cache) is None
-    assert model._native_kernels(cache) is None  # autograd on: the module path
+            assert not uses_native(model, cache)
+    assert not uses_native(model, cache)  # autograd on: the module path
     model.train()
     with torch.no_grad():
-        assert model._native_kernels(cache) is None
+        assert not uses_native(model, cache)
 
 
 def test_planner_plans_alike_with_and_without_native(kernel) -> None:
@@ -164,7 +174,7 @@ def test_a_failed_build_falls_back_with_a_warning(monkeypatch) -> None:
     cache = model.new_shared_prefix_cache(1, 2, 2, prefix_len=4, own_len=4)
     with torch.no_grad():
         model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
-        assert model._native_kernels(cache) is None
+        assert not uses_native(model, cache)
         assert model.decode_step(torch.zeros(2, dtype=torch.long), cache, 4).shape == (2, 7)
 
 

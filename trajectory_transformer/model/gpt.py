@@ -76,46 +76,6 @@ def trajectory_attention_mask(length: int, transition_dim: int) -> torch.Tensor:
     return (k <= q) & ~earlier_value
 
 
-def attends_shared_prefix(cache: KVCache | SharedPrefixKVCache | None, start: int) -> bool:
-    """Whether tokens from `start` attend through `shared_prefix_attention`: positions after the
-    prefix of a SharedPrefixKVCache (a prefill from 0 writes the prefix itself, with SDPA)."""
-    return isinstance(cache, SharedPrefixKVCache) and start > 0
-
-
-def shared_prefix_attention(
-    q: torch.Tensor,
-    prefix_k: torch.Tensor,
-    prefix_v: torch.Tensor,
-    own_k: torch.Tensor,
-    own_v: torch.Tensor,
-    bias: torch.Tensor,
-    rows_per_prefix: int,
-) -> torch.Tensor:
-    """Attention of rows over [their group's shared prefix ; their own keys], one softmax.
-
-    q (R, nh, S, hs); prefix_k/v (G, nh, P, hs); own_k/v (R, nh, L, hs); bias (S, P + L): the
-    attention mask as an additive float, 0 where a query may attend and -inf elsewhere. Rows
-    are ordered (copy, group, member) as in `SharedPrefixKVCache`: R = X * G * M rows with
-    M = rows_per_prefix. The prefix part is one matmul per group over all its rows' queries,
-    so the shared keys and values are read once per group, not once per row. The scores of
-    both parts are concatenated and share one softmax. Returns (R, nh, S, hs).
-    """
-    R, nh, S, hs = q.shape
-    G, P = prefix_k.shape[0], prefix_k.shape[2]
-    X, M = R // (G * rows_per_prefix), rows_per_prefix
-    grouped = (
-        q.view(X, G, M, nh, S, hs).permute(1, 3, 0, 2, 4, 5).reshape(G, nh, X * M * S, hs)
-    )  # group's queries
-    prefix_scores = (grouped @ prefix_k.transpose(-1, -2)).view(G, nh, X, M, S, P)
-    own_scores = (q @ own_k.transpose(-1, -2)).view(X, G, M, nh, S, -1)  # (X, G, M, nh, S, L)
-    scores = torch.cat([prefix_scores.permute(2, 0, 3, 1, 4, 5), own_scores], dim=-1)
-    probs = torch.add(bias, scores, alpha=hs**-0.5).softmax(dim=-1)  # (X, G, M, nh, S, P + L)
-    prefix_probs = probs[..., :P].permute(1, 3, 0, 2, 4, 5).reshape(G, nh, X * M * S, P)
-    y_prefix = (prefix_probs @ prefix_v).view(G, nh, X, M, S, hs).permute(2, 0, 3, 1, 4, 5)
-    y_own = probs[..., P:].reshape(R, nh, S, -1) @ own_v  # (R, nh, S, hs)
-    return (y_own.view(X, G, M, nh, S, hs) + y_prefix).reshape(R, nh, S, hs)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -128,27 +88,23 @@ class CausalSelfAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         cache: KVCache | SharedPrefixKVCache | None = None,
         layer: int = 0,
         start: int = 0,
     ) -> torch.Tensor:
+        """Self-attention of x (B, S, C) under `mask` (S, S), or, with a cache, over
+        everything it holds up to these positions (the cache writes and attends)."""
         B, S, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, S, C)
         q = q.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
         k = k.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
         v = v.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
-        if attends_shared_prefix(cache, start):
-            prefix_k, prefix_v, k, v = cache.extend(layer, start, k, v)
-            y = shared_prefix_attention(
-                q, prefix_k, prefix_v, k, v, mask, cache.rows_per_prefix
-            )  # (B, nh, S, hs)
+        dropout_p = self.dropout if self.training else 0.0
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
-            if cache is not None:
-                k, v = cache.update(layer, start, k, v)  # (B, nh, start+S, hs)
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-            )  # (B, nh, S, hs)
+            y = cache.attend(layer, start, q, k, v, dropout_p)  # (B, nh, S, hs)
         y = y.transpose(1, 2).reshape(B, S, C)  # (B, S, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -175,7 +131,7 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         cache: KVCache | SharedPrefixKVCache | None = None,
         layer: int = 0,
         start: int = 0,
@@ -202,9 +158,6 @@ class TrajectoryGPT(nn.Module):
         self.register_buffer("token_offsets", (positions % T) * N, persistent=False)
         mask = trajectory_attention_mask(config.block_size, T)
         self.register_buffer("mask", mask, persistent=False)
-        # The same mask as an additive bias, for attention computed outside SDPA.
-        bias = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))
-        self.register_buffer("attn_bias", bias, persistent=False)
         self.apply(self._init_weights)
         nn.init.normal_(self.head_weight, mean=0.0, std=0.02)
         for name, p in self.named_parameters():
@@ -240,10 +193,8 @@ class TrajectoryGPT(nn.Module):
             )
         x = self.tok_emb(tokens + self.token_offsets[start:end])  # (B, S, d)
         x = self.drop(x + self.pos_emb.weight[start:end])  # (B, S, d)
-        # Cached paths attend over all keys [0, end); the full path over [0, S). A shared-prefix
-        # cache splits the keys into the prefix and the rows' own; the mask row stays the same.
-        shared = attends_shared_prefix(cache, start)
-        mask = (self.attn_bias if shared else self.mask)[start:end, :end]  # (S, end)
+        # Without a cache the positions are [0, S); a cache applies the mask rows itself.
+        mask = self.mask[:S, :S] if cache is None else None
         for layer, block in enumerate(self.blocks):
             x = block(x, mask, cache, layer, start)
         return self.ln_f(x)
@@ -277,11 +228,9 @@ class TrajectoryGPT(nn.Module):
                 f"max_len {max_len} exceeds the block size {self.config.block_size}; plan over "
                 "fewer context + horizon transitions"
             )
-        c = self.config
-        p = self.head_weight
-        return KVCache(
-            c.n_layer, rows, c.n_head, max_len, c.embedding_dim // c.n_head, p.device, p.dtype
-        )
+        c, p = self.config, self.head_weight
+        head_dim = c.embedding_dim // c.n_head
+        return KVCache(c.n_layer, rows, c.n_head, max_len, head_dim, p.device, p.dtype, self.mask)
 
     def new_shared_prefix_cache(
         self, prefix_rows: int, rows_per_prefix: int, rows: int, prefix_len: int, own_len: int
@@ -304,6 +253,7 @@ class TrajectoryGPT(nn.Module):
             c.embedding_dim // c.n_head,
             p.device,
             p.dtype,
+            self.mask,
         )
 
     def prefill(
@@ -341,79 +291,7 @@ class TrajectoryGPT(nn.Module):
             dim = position % T
             return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
 
-        kernels = self._native_kernels(cache)
-        if kernels is None:
-            return module_step
-        return self._native_decoder(cache, kernels, module_step)
-
-    def _native_kernels(self, cache: KVCache | SharedPrefixKVCache) -> object | None:
-        """The native decode kernels where they apply (inference on the CPU in float32, with a
-        shared-prefix cache), else None."""
-        p = self.head_weight
-        if (
-            not isinstance(cache, SharedPrefixKVCache)
-            or self.training
-            or torch.is_grad_enabled()
-            or p.device.type != "cpu"
-            or p.dtype != torch.float32
-        ):
-            return None
-        return native.kernels()
-
-    def _native_decoder(
-        self,
-        cache: SharedPrefixKVCache,
-        kernels: object,
-        module_step: Callable[[torch.Tensor, int], torch.Tensor],
-    ) -> Callable[[torch.Tensor, int], torch.Tensor]:
-        """The decode step as one native call: the modules' computation in eval mode, with
-        the parameters and the cache's buffers bound once."""
-        c = self.config
-        block_size = c.block_size
-        layers: list[torch.Tensor] = []
-        eps: list[float] = []
-        for layer, b in enumerate(self.blocks):
-            layers += [
-                b.ln_1.weight,
-                b.ln_1.bias,
-                b.attn.c_attn.weight.t().contiguous(),  # (in, out): see csrc
-                b.attn.c_attn.bias,
-                b.attn.c_proj.weight.t().contiguous(),
-                b.attn.c_proj.bias,
-                b.ln_2.weight,
-                b.ln_2.bias,
-                b.mlp.c_fc.weight.t().contiguous(),
-                b.mlp.c_fc.bias,
-                b.mlp.c_proj.weight.t().contiguous(),
-                b.mlp.c_proj.bias,
-                *cache.layer_buffers(layer),  # prefix keys, values; own keys, values
-            ]
-            eps += [b.ln_1.eps, b.ln_2.eps]
-        decoder = kernels.Decoder(
-            [p.detach() for p in layers],
-            eps,
-            self.tok_emb.weight.detach(),
-            self.pos_emb.weight.detach(),
-            self.ln_f.weight.detach(),
-            self.ln_f.bias.detach(),
-            self.ln_f.eps,
-            self.head_weight.detach(),
-            self.head_bias.detach(),
-            c.transition_dim,
-        )
-
-        def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
-            if position == 0:  # this token starts the shared prefix: the prefill path
-                return module_step(tokens, position)
-            if position >= block_size:
-                raise ValueError(f"position {position} exceeds the block size {block_size}")
-            cache.check_extension(position, tokens.shape[0])
-            # Each block also writes this token's key and value into the cache.
-            return decoder.step(
-                tokens, position, cache.prefix_length, cache.groups, cache.rows_per_prefix
-            )
-
-        return step
+        return native.decoder(self, cache, module_step) or module_step
 
     def configure_optimizer(
         self, learning_rate: float, weight_decay: float, betas: tuple[float, float]

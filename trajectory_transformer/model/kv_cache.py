@@ -1,13 +1,24 @@
-"""Static key/value cache for incremental decoding (gpt-fast style).
+"""Static key/value caches for incremental decoding (gpt-fast style), and their attention.
 
-Buffers are allocated once per planning call and written in place; rows (beams) are
-re-indexed with `reorder_` and copied to their expansion copies with `repeat_rows_`. Nothing
-here grows with `torch.cat` or syncs with the host.
+A cache's buffers are allocated once by its owner (a planner keeps one and reallocates it only
+when it needs more rows) and written in place; rows (beams) are re-indexed with `reorder_`
+and copied to their expansion copies with `repeat_rows_`. Nothing here grows with
+`torch.cat` or syncs with the host.
+
+A cache owns its layout and its attention: the model hands each layer's new queries, keys
+and values to `attend`, which writes the keys and values and attends over everything cached
+under the model's attention mask. `SharedPrefixKVCache` keeps one context per group of rows;
+`RowLayout` is the one definition of how its rows are ordered, used by the cache, its
+attention, the native kernel (through `native_layer`) and the planner.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 
 
 class KVCache:
@@ -15,7 +26,8 @@ class KVCache:
 
     All rows advance in lock step, so callers track one shared position. Only the first
     `k.shape[0]` rows take part in an update, which lets one cache serve a context of E rows
-    and later its E * beam_width beams.
+    and later its E * beam_width beams. `mask` (at least max_len x max_len, bool) is the
+    model's attention mask, needed by `attend`.
     """
 
     def __init__(
@@ -27,6 +39,7 @@ class KVCache:
         head_dim: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
     ) -> None:
         if min(n_layer, rows, n_head, max_len, head_dim) <= 0:
             raise ValueError(
@@ -35,6 +48,7 @@ class KVCache:
             )
         self.rows = rows
         self.max_len = max_len
+        self.mask = mask
         shape = (n_layer, rows, n_head, max_len, head_dim)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)  # (L, R, nh, M, hs)
         self.values = torch.zeros(shape, device=device, dtype=dtype)  # (L, R, nh, M, hs)
@@ -57,6 +71,24 @@ class KVCache:
         keys[:, :, start:end] = k
         values[:, :, start:end] = v
         return keys[:, :, :end], values[:, :, :end]
+
+    def attend(
+        self,
+        layer: int,
+        start: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:
+        """Cache `k`, `v` (B, nh, S, hs) at [start, start+S), then attend with `q` over [0,
+        start+S) under the model's mask. Returns (B, nh, S, hs)."""
+        if self.mask is None:
+            raise ValueError("this cache has no attention mask; build it with model.new_cache")
+        end = start + q.shape[2]
+        k, v = self.update(layer, start, k, v)  # (B, nh, end, hs)
+        mask = self.mask[start:end, :end]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
     @torch.no_grad()
     def reorder_(self, parent: torch.Tensor, length: int, start: int = 0) -> None:
@@ -106,6 +138,87 @@ class KVCache:
         return self.keys.dtype
 
 
+@dataclass(frozen=True)
+class RowLayout:
+    """The order of a shared-prefix cache's rows: (copy, group, member).
+
+    `groups` G rows share a prefix each (a planner's environments, each with its context),
+    `members` M rows per group and copy (an environment's beams). Row r continues the prefix
+    of group `(r // M) % G`; rows [0, G * M) are copy 0, and a step may run any whole number of
+    copies from row 0 (a planner's expansion copies of every beam).
+    """
+
+    groups: int
+    members: int
+
+    @property
+    def per_copy(self) -> int:
+        return self.groups * self.members
+
+    def copies(self, rows: int) -> int:
+        """How many copies `rows` rows are; raises unless a whole number."""
+        if rows <= 0 or rows % self.per_copy:
+            raise ValueError(
+                f"{rows} rows are not whole copies of {self.groups} groups x {self.members} "
+                "rows per prefix"
+            )
+        return rows // self.per_copy
+
+    def group_of_rows(self, rows: int, device: torch.device | str | None = None) -> torch.Tensor:
+        """(rows,) int64: the group whose prefix each row continues."""
+        return (torch.arange(rows, device=device) // self.members) % self.groups
+
+    def by_group(self, x: torch.Tensor) -> torch.Tensor:
+        """(X * G * M, ...) -> (G, X * M, ...): each group's rows, copy after copy."""
+        return rearrange(x, "(x g m) ... -> g (x m) ...", g=self.groups, m=self.members)
+
+    def rows_of(self, choice: torch.Tensor) -> torch.Tensor:
+        """Rows (G * K,), group after group, of choices (G, K) among each group's X * M rows as
+        `by_group` orders them."""
+        group = torch.arange(self.groups, device=choice.device)[:, None]  # (G, 1)
+        copy, member = choice // self.members, choice % self.members
+        return (copy * self.per_copy + group * self.members + member).reshape(-1)
+
+    def repeat(self, x: torch.Tensor, copies: int) -> torch.Tensor:
+        """The rows of copy 0 (G * M, ...) in `copies` copies, as `repeat_rows_` lays out the
+        cache: (copies * G * M, ...)."""
+        return x.repeat(copies, *[1] * (x.dim() - 1))
+
+
+def shared_prefix_attention(
+    q: torch.Tensor,
+    prefix_k: torch.Tensor,
+    prefix_v: torch.Tensor,
+    own_k: torch.Tensor,
+    own_v: torch.Tensor,
+    bias: torch.Tensor,
+    layout: RowLayout,
+) -> torch.Tensor:
+    """Attention of rows over [their group's shared prefix ; their own keys], one softmax.
+
+    q (R, nh, S, hs) for R = X * G * M rows in `layout` order; prefix_k/v (G, nh, P, hs);
+    own_k/v (R, nh, L, hs); bias (S, P + L): the attention mask as an additive float, 0 where a
+    query may attend and -inf elsewhere. The prefix part is one matmul per group over all its
+    rows' queries, so the shared keys and values are read once per group, not once per row.
+    The scores of both parts share one softmax. Returns (R, nh, S, hs).
+    """
+    S, hs = q.shape[2], q.shape[3]
+    P = prefix_k.shape[2]
+    G, M = layout.groups, layout.members
+    grouped = rearrange(q, "(x g m) h s d -> g h (x m s) d", g=G, m=M)  # a group's queries
+    prefix_scores = rearrange(
+        grouped @ prefix_k.transpose(-1, -2), "g h (x m s) p -> x g m h s p", m=M, s=S
+    )
+    own_scores = rearrange(q @ own_k.transpose(-1, -2), "(x g m) h s l -> x g m h s l", g=G, m=M)
+    scores = torch.cat([prefix_scores, own_scores], dim=-1)  # (X, G, M, nh, S, P + L)
+    probs = torch.add(bias, scores, alpha=hs**-0.5).softmax(dim=-1)
+    prefix_probs = rearrange(probs[..., :P], "x g m h s p -> g h (x m s) p")
+    y_prefix = rearrange(prefix_probs @ prefix_v, "g h (x m s) d -> x g m h s d", m=M, s=S)
+    y_own = rearrange(probs[..., P:], "x g m h s l -> (x g m) h s l") @ own_v  # (R, nh, S, hs)
+    y_own = rearrange(y_own, "(x g m) h s d -> x g m h s d", g=G, m=M)
+    return rearrange(y_own + y_prefix, "x g m h s d -> (x g m) h s d")
+
+
 class SharedPrefixKVCache:
     """A context shared by groups of rows, cached once per group, plus each row's own positions.
 
@@ -114,12 +227,8 @@ class SharedPrefixKVCache:
     rows), and each row caches only the positions after the context in `own` (a `KVCache` of
     `rows` rows whose position 0 is absolute position `prefix_length`). Attention over such a
     cache reads the context once per group instead of once per row, and beam selection copies
-    only the rows' own positions.
-
-    Row layout: with G prefix rows written by the last `update` (G <= prefix_rows), row r
-    continues prefix row `(r // rows_per_prefix) % G`, i.e. rows are ordered (copy, group,
-    member) with `rows_per_prefix` members per group; any multiple of G * rows_per_prefix rows
-    (starting at row 0) can take part in a step.
+    only the rows' own positions. Rows are ordered by `layout` (a `RowLayout` whose number of
+    groups is set by the prefill that writes the prefix).
     """
 
     def __init__(
@@ -134,6 +243,7 @@ class SharedPrefixKVCache:
         head_dim: int,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        mask: torch.Tensor | None = None,
     ) -> None:
         if rows_per_prefix <= 0 or rows < prefix_rows * rows_per_prefix:
             raise ValueError(
@@ -143,12 +253,27 @@ class SharedPrefixKVCache:
             )
         self.prefix = KVCache(n_layer, prefix_rows, n_head, prefix_len, head_dim, device, dtype)
         self.own = KVCache(n_layer, rows, n_head, own_len, head_dim, device, dtype)
-        self.rows_per_prefix = rows_per_prefix
         self.rows = rows
+        self.layout = RowLayout(groups=0, members=rows_per_prefix)
         self.prefix_length = 0
-        """Positions [0, prefix_length) are shared; set by the last `update`."""
-        self.groups = 0
-        """Prefix rows G written by the last `update`."""
+        """Positions [0, prefix_length) are shared; set by the last prefix write."""
+        self.mask = mask
+        # The same mask as an additive bias, for the attention after the prefix.
+        self._bias = (
+            None if mask is None else torch.zeros(mask.shape, device=mask.device).masked_fill_(
+                ~mask, float("-inf")
+            )
+        )
+        self._group_of_row: torch.Tensor | None = None
+
+    @property
+    def groups(self) -> int:
+        """Prefix rows G written by the last prefix write."""
+        return self.layout.groups
+
+    @property
+    def rows_per_prefix(self) -> int:
+        return self.layout.members
 
     def update(
         self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
@@ -163,7 +288,10 @@ class SharedPrefixKVCache:
                 f"a shared prefix is written from position 0, not {start}; positions after it "
                 "go through `extend`"
             )
-        self.prefix_length, self.groups = k.shape[2], k.shape[0]
+        self.prefix_length = k.shape[2]
+        if k.shape[0] != self.layout.groups:
+            self.layout = RowLayout(groups=k.shape[0], members=self.layout.members)
+            self._group_of_row = None
         return self.prefix.update(layer, 0, k, v)
 
     def extend(
@@ -175,40 +303,72 @@ class SharedPrefixKVCache:
         Returns the prefix keys and values (G, nh, prefix_length, hs) and the rows' own keys
         and values over [prefix_length, start+s), (R, nh, start+s-prefix_length, hs).
         """
-        self.check_extension(start, k.shape[0])
+        keys, values = self.own.update(layer, self.own_position(start, k.shape[0]), k, v)
         P = self.prefix_length
-        keys, values = self.own.update(layer, start - P, k, v)
         prefix = self.prefix.keys[layer, : self.groups, :, :P]
         prefix_values = self.prefix.values[layer, : self.groups, :, :P]
         return prefix, prefix_values, keys, values
 
-    def layer_buffers(
+    def attend(
+        self,
+        layer: int,
+        start: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout_p: float = 0.0,
+    ) -> torch.Tensor:
+        """From position 0, `q`, `k`, `v` (G, nh, S, hs) are the groups' shared prefix: cached
+        once per group, attended like a plain cache. After it, they are (R, nh, S, hs) of the
+        rows: cached in the rows' own positions and attended over [prefix ; own] with
+        `shared_prefix_attention`. Returns (rows, nh, S, hs)."""
+        if self.mask is None:
+            raise ValueError(
+                "this cache has no attention mask; build it with model.new_shared_prefix_cache"
+            )
+        end = start + q.shape[2]
+        if start == 0:
+            k, v = self.update(layer, 0, k, v)
+            mask = self.mask[:end, :end]
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        prefix_k, prefix_v, k, v = self.extend(layer, start, k, v)
+        bias = self._bias[start:end, :end]  # (S, end)
+        return shared_prefix_attention(q, prefix_k, prefix_v, k, v, bias, self.layout)
+
+    def own_position(self, position: int, rows: int) -> int:
+        """Where absolute `position` of rows [0, rows) sits among the rows' own positions;
+        raises unless those rows can write it after the shared prefix."""
+        P = self.prefix_length
+        if position < P or P == 0:
+            raise ValueError(
+                f"positions from {position} are not after the shared prefix [0, {P}); write "
+                "the prefix first (a prefill from position 0)"
+            )
+        if rows > self.rows:
+            raise ValueError(f"{rows} rows are more than the cache's {self.rows}")
+        self.layout.copies(rows)
+        if position - P >= self.own.max_len:
+            raise ValueError(
+                f"position {position} is past the cache's {self.max_len} positions; build a "
+                "larger one"
+            )
+        return position - P
+
+    def native_layer(
         self, layer: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The whole buffers of one layer, for a kernel that writes the rows' positions itself:
-        prefix keys and values (prefix_rows, nh, prefix_len, hs) and own keys and values
-        (rows, nh, own_len, hs), contiguous. Own position i is absolute position
-        `prefix_length + i`; `check_extension` first."""
+        """One layer's whole buffers, for a kernel that writes the rows' keys and values
+        itself (at `own_position`): prefix keys and values (prefix_rows, nh, prefix_len, hs),
+        own keys and values (rows, nh, own_len, hs), contiguous."""
         prefix, own = self.prefix, self.own
         return prefix.keys[layer], prefix.values[layer], own.keys[layer], own.values[layer]
 
-    def check_extension(self, start: int, rows: int) -> None:
-        """Raise unless rows [0, rows) can write position `start` after the shared prefix."""
-        P = self.prefix_length
-        if start < P or P == 0:
-            raise ValueError(
-                f"positions from {start} are not after the shared prefix [0, {P}); write the "
-                "prefix first (a prefill from position 0)"
-            )
-        if rows % (self.groups * self.rows_per_prefix) != 0 or rows > self.rows:
-            raise ValueError(
-                f"{rows} rows are not whole copies of {self.groups} groups x "
-                f"{self.rows_per_prefix} rows per prefix within the cache's {self.rows} rows"
-            )
-        if start - P >= self.own.max_len:
-            raise ValueError(
-                f"position {start} is past the cache's {self.max_len} positions; build a larger one"
-            )
+    def group_of_row(self) -> torch.Tensor:
+        """(rows,) int64: the prefix row of every row, by `layout`; kept until the groups
+        change."""
+        if self._group_of_row is None:
+            self._group_of_row = self.layout.group_of_rows(self.rows, self.own.device)
+        return self._group_of_row
 
     def reorder_(self, parent: torch.Tensor, length: int, start: int | None = None) -> None:
         """Row i becomes old row `parent[i]` at absolute positions [start, length).
@@ -227,10 +387,10 @@ class SharedPrefixKVCache:
 
     def repeat_rows_(self, rows: int, copies: int, length: int, start: int | None = None) -> None:
         """Rows [0, rows) repeated `copies` times (see `KVCache.repeat_rows_`) at absolute
-        positions [start, length); `rows` must be whole groups, so every copy keeps its group."""
+        positions [start, length); `rows` must be whole copies, so every copy keeps its group."""
         P = self.prefix_length
         start = P if start is None else start
-        if start < P or rows % (self.groups * self.rows_per_prefix) != 0:
+        if start < P or self.groups == 0 or rows % self.layout.per_copy != 0:
             raise ValueError(
                 f"repeat_rows_ of {rows} rows from position {start} must copy whole groups of "
                 f"{self.groups} x {self.rows_per_prefix} rows after the shared prefix [0, {P})"

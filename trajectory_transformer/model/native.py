@@ -2,8 +2,10 @@
 
 The planner's decode steps on the CPU run one new token per row through the model: at a few
 dozen rows, eager PyTorch spends more time on operator calls (the attention over a
-shared-prefix cache alone is a dozen tiny ones per layer) than on arithmetic. `csrc/` holds
-that attention, and a whole transformer block around it, as C++ functions. They are built on
+shared-prefix cache alone is a dozen tiny ones per layer) than on arithmetic.
+`csrc/decoder.cpp` holds the whole decode step as one C++ call (`Decoder.step`: embedding,
+every block with that attention, final norm and head), and the attention on its own
+(`decode_attention`, for tests). `decoder()` binds a model and a cache to it. It is built on
 first use (about a minute, with the machine's C++ compiler and ninja) into torch's extension
 cache (`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`) and loaded from there
 afterwards; `make demo` and `make test` build them during setup (`native.main()`).
@@ -25,12 +27,18 @@ import sysconfig
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "decode_attention.cpp"
+from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
+
+if TYPE_CHECKING:
+    from trajectory_transformer.model.gpt import TrajectoryGPT
+
+SOURCE = Path(__file__).parent / "csrc" / "decoder.cpp"
 ENV_SWITCH = "TT_NATIVE_KERNELS"
 
 _enabled = os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -143,11 +151,76 @@ def load(verbose: bool = False) -> object | None:
 
 
 def kernels() -> object | None:
-    """The compiled module (`decode_attention`, `decode_block`), or None when the kernels are
+    """The compiled module (`Decoder`, `decode_attention`), or None when the kernels are
     off or cannot be built here."""
     if not _enabled:
         return None
     return _module if _module is not None else load()
+
+
+def decoder(
+    model: TrajectoryGPT, cache: object, module_step: Callable[[torch.Tensor, int], torch.Tensor]
+) -> Callable[[torch.Tensor, int], torch.Tensor] | None:
+    """`model`'s decode step over `cache` as one native call per step, or None where the
+    kernels do not apply: they serve inference on the CPU in float32 over a
+    `SharedPrefixKVCache`, and are off or could not be built. The parameters and the cache's
+    buffers are bound once; `module_step` (the PyTorch step) writes the prefix at position 0."""
+    p = model.head_weight
+    if (
+        not isinstance(cache, SharedPrefixKVCache)
+        or model.training
+        or torch.is_grad_enabled()
+        or p.device.type != "cpu"
+        or p.dtype != torch.float32
+    ):
+        return None
+    module = kernels()
+    if module is None:
+        return None
+    c = model.config
+    layers: list[torch.Tensor] = []
+    eps: list[float] = []
+    for layer, b in enumerate(model.blocks):
+        layers += [
+            b.ln_1.weight,
+            b.ln_1.bias,
+            b.attn.c_attn.weight.t().contiguous(),  # (in, out): see csrc
+            b.attn.c_attn.bias,
+            b.attn.c_proj.weight.t().contiguous(),
+            b.attn.c_proj.bias,
+            b.ln_2.weight,
+            b.ln_2.bias,
+            b.mlp.c_fc.weight.t().contiguous(),
+            b.mlp.c_fc.bias,
+            b.mlp.c_proj.weight.t().contiguous(),
+            b.mlp.c_proj.bias,
+            *cache.native_layer(layer),  # prefix keys, values; own keys, values
+        ]
+        eps += [b.ln_1.eps, b.ln_2.eps]
+    bound = module.Decoder(
+        [t.detach() for t in layers],
+        eps,
+        model.tok_emb.weight.detach(),
+        model.pos_emb.weight.detach(),
+        model.ln_f.weight.detach(),
+        model.ln_f.bias.detach(),
+        model.ln_f.eps,
+        model.head_weight.detach(),
+        model.head_bias.detach(),
+        c.transition_dim,
+    )
+    block_size = c.block_size
+
+    def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        if position == 0:  # this token starts the shared prefix: the prefill path
+            return module_step(tokens, position)
+        if position >= block_size:
+            raise ValueError(f"position {position} exceeds the block size {block_size}")
+        own = cache.own_position(position, tokens.shape[0])
+        # Each block also writes this token's key and value at own position `own`.
+        return bound.step(tokens, position, cache.prefix_length, own, cache.group_of_row())
+
+    return step
 
 
 @contextlib.contextmanager

@@ -4,9 +4,11 @@
 // step is one call (`Decoder.step`): the matrix products go to ATen (MKL), and the rest is
 // fused loops. The attention (`decode_attention`) lets each row attend over its group's shared
 // prefix (the environment's context, cached once per group) and over its own planned
-// positions, in one pass per (row, head) that also writes the new key and value into the
-// cache; in PyTorch that is a dozen small operators per layer. Results equal the model's
-// modules (`trajectory_transformer.model.gpt`) up to float rounding.
+// positions, in one pass per (row, head) that also writes the new key and value at the row's
+// own position `t`; in PyTorch that is a dozen small operators per layer. Which prefix a row
+// continues comes from the cache (`group_of_row`, by its RowLayout in kv_cache.py); the
+// kernel knows no row order of its own. Results equal the model's modules
+// (`trajectory_transformer.model`) up to float rounding.
 
 #include <torch/extension.h>
 
@@ -98,7 +100,7 @@ inline void accumulate_values(const float* __restrict__ w, const float* __restri
 template <int64_t HS>
 void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v, float* own_k,
                  float* own_v, float* out, int64_t rows, int64_t heads, int64_t head_size,
-                 int64_t prefix_capacity, int64_t own_capacity, int64_t groups, int64_t members,
+                 int64_t prefix_capacity, int64_t own_capacity, const int64_t* group_of_row,
                  int64_t prefix_len, int64_t t, int64_t transition_dim) {
   const int64_t hs = HS > 0 ? HS : head_size;
   const int64_t C = heads * hs, P = prefix_len, T = transition_dim, n = P + t + 1;
@@ -114,7 +116,7 @@ void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v,
     float acc[kMaxHeadSize];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / heads, h = task % heads;
-      const int64_t g = (r / members) % groups;  // rows are ordered (copy, group, member)
+      const int64_t g = group_of_row[r];
       const float* __restrict__ q = qkv + r * 3 * C + h * hs;
       float* __restrict__ keys = own_k + (r * heads + h) * own_capacity * hs;
       float* __restrict__ values = own_v + (r * heads + h) * own_capacity * hs;
@@ -150,10 +152,11 @@ void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v,
 
 // qkv (R, 3C): the new token's query, key and value of every row. prefix_k/v (Gcap, nh, Pcap,
 // hs) and own_k/v (Rcap, nh, Lcap, hs): one layer of the cache, written at own position t.
-// Returns (R, C): the attention output, heads side by side.
+// group_of_row (>= R,) int64: the prefix row each row attends. Returns (R, C): the attention
+// output, heads side by side.
 torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& prefix_k,
                                const torch::Tensor& prefix_v, torch::Tensor own_k,
-                               torch::Tensor own_v, int64_t groups, int64_t members,
+                               torch::Tensor own_v, const torch::Tensor& group_of_row,
                                int64_t prefix_len, int64_t t, int64_t transition_dim) {
   const std::initializer_list<const torch::Tensor*> tensors = {&qkv, &prefix_k, &prefix_v, &own_k,
                                                                 &own_v};
@@ -170,9 +173,16 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
               heads, " x ", hs);
   TORCH_CHECK(hs <= kMaxHeadSize, "head size ", hs, " exceeds ", kMaxHeadSize);
   TORCH_CHECK(prefix_k.size(1) == heads && prefix_k.size(3) == hs, "prefix shape mismatch");
-  TORCH_CHECK(groups >= 1 && groups <= prefix_k.size(0) && members >= 1, "bad groups/members");
-  TORCH_CHECK(rows <= own_k.size(0) && rows % (groups * members) == 0,
-              "rows must be whole copies of groups x members and fit the cache");
+  TORCH_CHECK(rows <= own_k.size(0), "more rows than the cache holds");
+  TORCH_CHECK(group_of_row.device().is_cpu() && group_of_row.scalar_type() == torch::kInt64 &&
+                  group_of_row.is_contiguous() && group_of_row.dim() == 1 &&
+                  group_of_row.size(0) >= rows,
+              "group_of_row must be a contiguous int64 CPU tensor with a group for every row");
+  const int64_t* group = group_of_row.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK(group[r] >= 0 && group[r] < prefix_k.size(0), "row ", r, " names prefix row ",
+                group[r], ", outside the cache's ", prefix_k.size(0));
+  }
   TORCH_CHECK(prefix_len >= 1 && prefix_len <= prefix_k.size(2), "bad prefix length");
   TORCH_CHECK(t >= 0 && t < own_k.size(2), "position ", t, " outside the cache");
   TORCH_CHECK(transition_dim >= 1, "bad transition_dim");
@@ -180,7 +190,7 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
   const auto run = [&](auto kernel) {
     kernel(qkv.data_ptr<float>(), prefix_k.data_ptr<float>(), prefix_v.data_ptr<float>(),
            own_k.data_ptr<float>(), own_v.data_ptr<float>(), out.data_ptr<float>(), rows, heads,
-           hs, prefix_k.size(2), own_k.size(2), groups, members, prefix_len, t, transition_dim);
+           hs, prefix_k.size(2), own_k.size(2), group, prefix_len, t, transition_dim);
   };
   switch (hs) {
     case 16: run(attend_rows<16>); break;
@@ -249,7 +259,7 @@ torch::Tensor decode_block(const torch::Tensor& x, const torch::Tensor& ln_1_wei
                            const torch::Tensor& fc_bias, const torch::Tensor& out_weight,
                            const torch::Tensor& out_bias, const torch::Tensor& prefix_k,
                            const torch::Tensor& prefix_v, torch::Tensor own_k,
-                           torch::Tensor own_v, int64_t groups, int64_t members,
+                           torch::Tensor own_v, const torch::Tensor& group_of_row,
                            int64_t prefix_len, int64_t t, int64_t transition_dim) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == torch::kFloat32 &&
                   x.device().is_cpu(),
@@ -265,7 +275,7 @@ torch::Tensor decode_block(const torch::Tensor& x, const torch::Tensor& ln_1_wei
   auto residual = x.clone();
   add_bias_layer_norm(residual, nullptr, ln_1_weight, ln_1_bias, ln_1_eps, h);
   const auto qkv = at::addmm(attn_bias, h, attn_weight);  // (R, 3C)
-  const auto y = decode_attention(qkv, prefix_k, prefix_v, own_k, own_v, groups, members,
+  const auto y = decode_attention(qkv, prefix_k, prefix_v, own_k, own_v, group_of_row,
                                   prefix_len, t, transition_dim);
   residual.addmm_(y, proj_weight);  // x + y W; its bias joins in the norm's pass
   add_bias_layer_norm(residual, &proj_bias, ln_2_weight, ln_2_bias, ln_2_eps, h);
@@ -295,9 +305,10 @@ class Decoder {
                 "Decoder: ", kPerLayer, " tensors and 2 eps per layer");
   }
 
-  // Logits (R, N) of one new token per row at `position` (own position position - prefix_len).
+  // Logits (R, N) of one new token per row at absolute `position`, whose keys and values go to
+  // the rows' own position `own_position` (after a shared prefix of `prefix_len`).
   torch::Tensor step(const torch::Tensor& tokens, int64_t position, int64_t prefix_len,
-                     int64_t groups, int64_t members) {
+                     int64_t own_position, const torch::Tensor& group_of_row) {
     const int64_t dim = position % T_;
     auto x = tok_emb_.index_select(0, tokens + dim * n_bins_);  // the dimension's own table
     x.add_(pos_emb_[position]);
@@ -305,7 +316,7 @@ class Decoder {
     for (size_t layer = 0; layer < layers_.size() / kPerLayer; ++layer, p += kPerLayer) {
       x = decode_block(x, p[0], p[1], eps_[2 * layer], p[2], p[3], p[4], p[5], p[6], p[7],
                        eps_[2 * layer + 1], p[8], p[9], p[10], p[11], p[12], p[13], p[14],
-                       p[15], groups, members, prefix_len, position - prefix_len, T_);
+                       p[15], group_of_row, prefix_len, own_position, T_);
     }
     auto h = torch::empty_like(x);
     add_bias_layer_norm(x, nullptr, ln_f_weight_, ln_f_bias_, ln_f_eps_, h);

@@ -9,11 +9,12 @@ expected reward plus the expected terminal value, and the best `beam_width` per 
 survive to sample the next observation. Sampling stays on the device: no host sync per token,
 no tensor that grows per token, the same shapes whatever the environments are doing.
 
-Row layout. The cache holds E * beam_width * n_expand rows, ordered (expand copy, env, beam):
-the first E * beam_width rows are the surviving beams, so the observation tokens, which are
-only decoded after selection, run on a prefix of the rows. Every row of an environment shares
-its context, stored once per env, so attention reads it once per env and beam selection only
-copies the planned part of the cache.
+Rows. The cache holds E * beam_width * n_expand rows in its `RowLayout` order, an
+environment being a group, its beams the members and the expansion candidates the copies:
+the first copy holds the surviving beams, so the observation tokens, which are only decoded
+after selection, run on a prefix of the rows. Every row of an environment shares its context,
+stored once per env, so attention reads it once per env and beam selection only copies the
+planned part of the cache. All row arithmetic goes through the layout.
 
 Unequal context lengths. All rows of a forward pass share one position index, and positions
 carry meaning (learned position embedding, dimension = position % T), so a short history can
@@ -36,6 +37,7 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import DISCOUNT
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
+from trajectory_transformer.planning.plan import Plan, build_plan
 from trajectory_transformer.planning.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -128,66 +130,19 @@ class PlannerConfig:
 
 
 @dataclass
-class Plan:
-    """All beams of one planning call for E environments (rows of inactive ones are zeros).
+class _Beams:
+    """The per-row state of a search, rows in the cache's `RowLayout` order."""
 
-    Transition h of a beam is `observation h | action h | reward h | value h`; observation 0 is
-    the real current observation, later ones are imagined. Beams are sorted best first.
-    """
+    tokens: torch.Tensor  # (rows, H * T) the planned tokens
+    rewards: torch.Tensor  # (rows, H) expected rewards
+    values: torch.Tensor  # (rows, H) expected values
+    so_far: torch.Tensor  # (rows,) sum_{i<h} discount^i reward_i
 
-    tokens: torch.Tensor
-    """(E, beams, H, T) int64 sampled tokens."""
-    observations: torch.Tensor
-    """(E, beams, H, O) decoded values of the observation tokens."""
-    beam_actions: torch.Tensor
-    """(E, beams, H, A) decoded values of the action tokens, clipped to the action bounds."""
-    rewards: torch.Tensor
-    """(E, beams, H) expected reward (or percentile) that the score used."""
-    values: torch.Tensor
-    """(E, beams, H) expected value (or percentile) after each transition."""
-    scores: torch.Tensor
-    """(E, beams) sum_h discount^h reward_h + discount^H value_{H-1}."""
-    best: torch.Tensor
-    """(E,) int64 index of the best beam."""
-    actions: torch.Tensor
-    """(E, H, A) actions of the best beam; `actions[:, 0]` is executed."""
-    active: torch.Tensor
-    """(E,) bool, environments that were planned."""
-
-
-def build_plan(
-    tokens: torch.Tensor,
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    scores: torch.Tensor,
-    active: torch.Tensor,
-    discretizer: Discretizer,
-    observation_dim: int,
-    action_low: torch.Tensor | None = None,
-    action_high: torch.Tensor | None = None,
-) -> Plan:
-    """Decode the tokens (E, B, H, T) of a search into a `Plan`."""
-    n_obs = observation_dim
-    n_act = tokens.shape[-1] - n_obs - 2
-    observations = discretizer.decode(tokens[..., :n_obs], slice(0, n_obs))  # (E, B, H, O)
-    actions = discretizer.decode(
-        tokens[..., n_obs : n_obs + n_act], slice(n_obs, n_obs + n_act)
-    )  # (E, B, H, A)
-    if action_low is not None and action_high is not None:
-        actions = torch.maximum(torch.minimum(actions, action_high), action_low)
-    best = scores.argmax(dim=-1)  # (E,)
-    rows = torch.arange(tokens.shape[0], device=tokens.device)
-    return Plan(
-        tokens=tokens,
-        observations=observations,
-        beam_actions=actions,
-        rewards=rewards,
-        values=values,
-        scores=scores,
-        best=best,
-        actions=actions[rows, best],
-        active=active,
-    )
+    def select_(self, parent: torch.Tensor) -> None:
+        """Rows [0, len(parent)) become the old rows `parent`, in every tensor."""
+        for name in ("tokens", "rewards", "values", "so_far"):
+            tensor = getattr(self, name)
+            tensor[: len(parent)] = tensor.index_select(0, parent)
 
 
 @dataclass
@@ -485,74 +440,70 @@ class BeamPlanner:
     def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
         """Beam search from contexts (G, n*T + O) of one length; see the module docstring."""
         c, model = self.config, self.model
-        n_obs, n_act, T = self.observation_dim, self.action_dim, self.transition_dim
+        O, A, T = self.observation_dim, self.action_dim, self.transition_dim  # noqa: E741
+        REWARD, VALUE = O + A, O + A + 1  # offsets of the reward and value in a transition
         G, C = context.shape
         B, X, H = c.beam_width, c.n_expand, c.horizon
-        beams, rows = G * B, G * B * X
-        base = C - n_obs  # position of the current observation, the plan's first token
-        device = context.device
+        base = C - O  # position of the current observation, the plan's first token
 
         # One forward pass per env: its context is the shared prefix of its rows.
         logits = model.prefill(context, cache)[:, -1]  # (G, N): first action token
-        decode = model.decoder(cache)  # decode(tokens, position) -> logits
-        parent = torch.arange(G, device=device).repeat_interleave(B).repeat(X)  # (rows,)
-        logits = logits[parent]  # (rows, N)
-
-        tokens = torch.zeros(rows, H * T, dtype=torch.long, device=device)  # plan positions
-        tokens[:, :n_obs] = context[parent, base:]
-        rewards = torch.zeros(rows, H, device=device)
-        values = torch.zeros(rows, H, device=device)
-        so_far = torch.zeros(rows, device=device)  # sum_{i<h} discount^i reward_i
-        env_offset = torch.arange(G, device=device)[:, None] * B  # (G, 1)
-        reward_dim, value_dim = n_obs + n_act, n_obs + n_act + 1
+        layout, decode = cache.layout, model.decoder(cache)  # decode(tokens, position)
+        beams, rows = layout.per_copy, layout.per_copy * X
+        group = layout.group_of_rows(rows, context.device)  # (rows,)
+        logits = logits[group]  # (rows, N)
+        state = _Beams(
+            tokens=torch.zeros(rows, H * T, dtype=torch.long, device=context.device),
+            rewards=torch.zeros(rows, H, device=context.device),
+            values=torch.zeros(rows, H, device=context.device),
+            so_far=torch.zeros(rows, device=context.device),
+        )
+        state.tokens[:, :O] = context[group, base:]
 
         for h in range(H):
-            q = h * T + n_obs  # plan offset of the first action token
-            p = base + q  # its absolute position
+            column = h * T  # transition h in the plan's tokens; at absolute `column + base`
+            position = base + column
             # Actions, reward and value on every candidate row.
-            for j in range(n_act):
-                tokens[:, q + j] = token = self._sample(logits, "act")
-                logits = decode(token, p + j)  # (rows, N)
-            reward = self._expected(logits, reward_dim)  # (rows,)
-            tokens[:, q + n_act] = token = self._sample(logits, "reward")
-            logits = decode(token, p + n_act)
-            value = self._expected(logits, value_dim)  # (rows,)
-            tokens[:, q + n_act + 1] = self._sample(logits, "value")
-            rewards[:, h], values[:, h] = reward, value
-            so_far = so_far + c.discount**h * reward
-            candidates = so_far + c.discount ** (h + 1) * value  # (rows,)
+            for j in range(O, O + A):
+                state.tokens[:, column + j] = token = self._sample(logits, "act")
+                logits = decode(token, position + j)  # (rows, N)
+            reward = self._expected(logits, REWARD)  # (rows,)
+            state.tokens[:, column + REWARD] = token = self._sample(logits, "reward")
+            logits = decode(token, position + REWARD)
+            value = self._expected(logits, VALUE)  # (rows,)
+            state.tokens[:, column + VALUE] = self._sample(logits, "value")
+            state.rewards[:, h], state.values[:, h] = reward, value
+            state.so_far = state.so_far + c.discount**h * reward
+            candidates = state.so_far + c.discount ** (h + 1) * value  # (rows,)
 
-            # Best beam_width of each env's X * B candidates, stored at rows [0, G * B).
-            per_env = candidates.view(X, G, B).permute(1, 0, 2).reshape(G, X * B)
-            scores, index = per_env.topk(B, dim=-1)  # (G, B), sorted best first
-            chosen = ((index // B) * beams + env_offset + index % B).reshape(beams)
-            last = h == H - 1
-            parent = chosen if last else chosen.repeat(X)  # survivors, already expanded
-            tokens[: len(parent)] = tokens.index_select(0, parent)
-            rewards[: len(parent)] = rewards.index_select(0, parent)
-            values[: len(parent)] = values.index_select(0, parent)
-            so_far = so_far.index_select(0, parent)
-            if last:
+            # The best beam_width of each env's X * B candidates become its beams, rows [0, G*B).
+            scores, choice = layout.by_group(candidates).topk(B, dim=-1)  # (G, B), best first
+            chosen = layout.rows_of(choice)  # (G * B,)
+            if h == H - 1:
+                state.select_(chosen)
                 break
+            state.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
             # Positions before `C` are the env's shared context: only the plan moves, and only
             # on the beams; the other expansion copies are refilled after the observation.
-            cache.reorder_(chosen, p + n_act + 1, start=C)
+            cache.reorder_(chosen, position + VALUE, start=C)
 
             # Value token, then the next observation, on the beams only.
-            logits = decode(tokens[:beams, q + n_act + 1], p + n_act + 1)
-            for i in range(n_obs):
-                tokens[:beams, q + n_act + 2 + i] = token = self._sample(logits[:beams], "obs")
-                logits = decode(token, p + n_act + 2 + i)  # (beams, N)
+            logits = decode(state.tokens[:beams, column + VALUE], position + VALUE)
+            following = column + T  # the next transition
+            for i in range(O):
+                token = self._sample(logits[:beams], "obs")
+                state.tokens[:beams, following + i] = token
+                logits = decode(token, base + following + i)  # (beams, N)
             if X > 1:  # the other expansion copies continue the beams
-                cache.repeat_rows_(beams, X, p + n_act + 2 + n_obs, start=C)
-                span = slice(q + n_act + 2, q + n_act + 2 + n_obs)
-                tokens[beams:, span] = tokens[:beams, span].repeat(X - 1, 1)
-                logits = logits.repeat(X, 1)  # (rows, N)
+                cache.repeat_rows_(beams, X, base + following + O, start=C)
+                span = slice(following, following + O)
+                state.tokens[:, span] = layout.repeat(state.tokens[:beams, span], X)
+                logits = layout.repeat(logits, X)  # (rows, N)
 
         return _Search(
-            tokens=tokens[:beams].view(G, B, H, T),
-            rewards=rewards[:beams].view(G, B, H),
-            values=values[:beams].view(G, B, H),
+            tokens=state.tokens[:beams].view(G, B, H, T),
+            rewards=state.rewards[:beams].view(G, B, H),
+            values=state.values[:beams].view(G, B, H),
             scores=scores,
             rows=chosen,
             cache=cache,

@@ -1,0 +1,72 @@
+"""What a planning call returns: every beam of every environment, decoded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+
+
+@dataclass
+class Plan:
+    """All beams of one planning call for E environments (rows of inactive ones are zeros).
+
+    Transition h of a beam is `observation h | action h | reward h | value h`; observation 0 is
+    the real current observation, later ones are imagined. Beams are sorted best first.
+    """
+
+    tokens: torch.Tensor
+    """(E, beams, H, T) int64 sampled tokens."""
+    observations: torch.Tensor
+    """(E, beams, H, O) decoded values of the observation tokens."""
+    beam_actions: torch.Tensor
+    """(E, beams, H, A) decoded values of the action tokens, clipped to the action bounds."""
+    rewards: torch.Tensor
+    """(E, beams, H) expected reward (or percentile) that the score used."""
+    values: torch.Tensor
+    """(E, beams, H) expected value (or percentile) after each transition."""
+    scores: torch.Tensor
+    """(E, beams) sum_h discount^h reward_h + discount^H value_{H-1}."""
+    best: torch.Tensor
+    """(E,) int64 index of the best beam."""
+    actions: torch.Tensor
+    """(E, H, A) actions of the best beam; `actions[:, 0]` is executed."""
+    active: torch.Tensor
+    """(E,) bool, environments that were planned."""
+
+
+def build_plan(
+    tokens: torch.Tensor,
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    scores: torch.Tensor,
+    active: torch.Tensor,
+    discretizer: Discretizer,
+    observation_dim: int,
+    action_low: torch.Tensor | None = None,
+    action_high: torch.Tensor | None = None,
+) -> Plan:
+    """Decode the tokens (E, B, H, T) of a search into a `Plan`."""
+    n_obs = observation_dim
+    n_act = tokens.shape[-1] - n_obs - 2
+    observations = discretizer.decode(tokens[..., :n_obs], slice(0, n_obs))  # (E, B, H, O)
+    actions = discretizer.decode(
+        tokens[..., n_obs : n_obs + n_act], slice(n_obs, n_obs + n_act)
+    )  # (E, B, H, A)
+    if action_low is not None and action_high is not None:
+        actions = torch.maximum(torch.minimum(actions, action_high), action_low)
+    best = scores.argmax(dim=-1)  # (E,)
+    rows = torch.arange(tokens.shape[0], device=tokens.device)
+    return Plan(
+        tokens=tokens,
+        observations=observations,
+        beam_actions=actions,
+        rewards=rewards,
+        values=values,
+        scores=scores,
+        best=best,
+        actions=actions[rows, best],
+        active=active,
+    )

@@ -27,16 +27,16 @@ always one group. Inactive environments never form a group of their own.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.data.episodes import DISCOUNT
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
+from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan
 from trajectory_transformer.planning.sampling import sample_tokens
 
@@ -45,88 +45,6 @@ if TYPE_CHECKING:
 
 VALUE_PLACEHOLDER = 0
 """Token stored for the value of a real transition: the attention mask hides it anyway."""
-
-
-@dataclass(frozen=True)
-class PlannerConfig:
-    """Beam-search settings; the defaults are the original Trajectory Transformer's."""
-
-    horizon: int = 15
-    """Transitions planned ahead."""
-    beam_width: int = 128
-    """Sequences kept per environment after each planned transition."""
-    n_expand: int = 2
-    """Candidates sampled from each beam per planned transition."""
-    context_transitions: int = 5
-    """Past real transitions the model sees before the current observation."""
-    k_obs: int | None = 1
-    """Top-k filter for observation tokens (1: the most likely bin); None keeps all."""
-    k_act: int | None = None
-    """Top-k filter for action tokens; None keeps all."""
-    cdf_obs: float | None = None
-    """Keep the most likely observation tokens whose probability mass reaches this; None: all."""
-    cdf_act: float | None = 0.6
-    """Keep the most likely action tokens whose probability mass reaches this; None: all."""
-    temperature: float = 1.0
-    """Logits are divided by this before filtering and sampling, and before the expectations
-    of reward and value (as in the original)."""
-    discount: float | None = None
-    """Discount of planned rewards and of the terminal value. None: the discount that the
-    model's value tokens were trained with (`from_checkpoint` reads it from the checkpoint; a
-    planner built from a bare model assumes the training default, 0.99)."""
-    plan_every: int = 1
-    """`act` replans every this many steps and follows the rest of the last plan in between."""
-    value_percentile: float | None = None
-    """Score rewards and values by this percentile of their predicted distributions, in (0, 1);
-    None uses the mean."""
-    deterministic: bool = False
-    """Greedy (argmax) tokens everywhere instead of sampling; for tests and ablations."""
-    seed: int = 0
-    """Seed of the planner's random generator, re-applied by `reset` (evaluation derives one
-    independent stream from it per wave of episodes)."""
-
-    def __post_init__(self) -> None:
-        for name in ("horizon", "beam_width", "n_expand", "plan_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"planner.{name} must be at least 1, got {getattr(self, name)}")
-        if self.context_transitions < 0:
-            raise ValueError(
-                f"planner.context_transitions must be >= 0, got {self.context_transitions}"
-            )
-        for name in ("k_obs", "k_act"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"planner.{name} must be >= 1 or None, got {value}")
-        for name in ("cdf_obs", "cdf_act"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 < value <= 1.0:
-                raise ValueError(f"planner.{name} must be in (0, 1] or None, got {value}")
-        if self.seed < 0:
-            raise ValueError(f"planner.seed must be non-negative, got {self.seed}")
-        if self.temperature <= 0.0:
-            raise ValueError(f"planner.temperature must be positive, got {self.temperature}")
-        if self.discount is not None and not 0.0 <= self.discount <= 1.0:
-            raise ValueError(f"planner.discount must be in [0, 1], got {self.discount}")
-        if self.value_percentile is not None and not 0.0 < self.value_percentile < 1.0:
-            raise ValueError(
-                f"planner.value_percentile must be in (0, 1) or None, got {self.value_percentile}"
-            )
-        if self.plan_every > self.horizon:
-            raise ValueError(
-                f"planner.plan_every ({self.plan_every}) cannot exceed the horizon "
-                f"({self.horizon}): a plan has only {self.horizon} actions to follow"
-            )
-
-    def with_overrides(self, **overrides: object) -> PlannerConfig:
-        names = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - names)
-        if unknown:
-            raise ValueError(f"unknown planner settings {unknown}; valid ones: {sorted(names)}")
-        return replace(self, **overrides)
-
-    def resolved(self, trained_discount: float = DISCOUNT) -> PlannerConfig:
-        """This config with the discount the value tokens were trained with where it is None."""
-        return self if self.discount is not None else replace(self, discount=trained_discount)
 
 
 @dataclass

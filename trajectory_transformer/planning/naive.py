@@ -14,7 +14,7 @@ import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model.gpt import TrajectoryGPT
-from trajectory_transformer.planning.beam import PlannerConfig
+from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan
 from trajectory_transformer.planning.sampling import sample_tokens
 

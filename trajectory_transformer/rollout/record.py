@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from trajectory_transformer.data.episodes import reward_to_go
-from trajectory_transformer.planning.beam import Plan
+from trajectory_transformer.planning.plan import Plan
 
 
 @dataclass

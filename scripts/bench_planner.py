@@ -145,9 +145,10 @@ def main() -> None:
     planner.reset(args.envs)
     # A full history of random real transitions for every env (what a running rollout has).
     generator = torch.Generator().manual_seed(args.seed)
-    history = torch.randint(0, args.bins, planner._context.shape, generator=generator)
-    planner._context.copy_(history)
-    planner._history[:] = args.context
+    shape = (args.envs, args.context, model.config.transition_dim)
+    history = torch.randint(0, args.bins, shape, generator=generator)
+    for env in range(args.envs):
+        planner.set_history(env, history[env])
     observations = torch.randn(args.envs, args.obs, generator=generator)
 
     if args.naive:

@@ -334,11 +334,11 @@ def save_episode_figures(
 
     `discount` and `terminal_penalty` default to the ones the planner's checkpoint was trained
     with (the value tokens' targets)."""
-    trained_discount, trained_penalty = value_targets_of(getattr(planner, "training_config", {}))
+    trained_discount, trained_penalty = value_targets_of(planner.training_config)
     discount = trained_discount if discount is None else discount
     terminal_penalty = trained_penalty if terminal_penalty is None else terminal_penalty
     if names is None:
-        env_id = getattr(getattr(planner, "dataset", None), "eval_env_id", None)
+        env_id = planner.dataset.eval_env_id if planner.dataset is not None else None
         names = dimension_names(planner.observation_dim, planner.action_dim, env_id)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ import torch
 from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.rollout import (
     EpisodeRecord,
+    PlanningAgent,
     evaluate,
     make_vector_env,
     record_episode,
@@ -25,7 +26,7 @@ def test_evaluate_records_the_first_episode_with_its_plans(tiny_checkpoint):
     planner = small_planner(tiny_checkpoint)
     env = make_vector_env(planner.dataset, 2, max_episode_steps=5)
     record = EpisodeRecord(plan_steps=(0, 3, 99))
-    result = evaluate(planner, env, episodes=3, seed=7, progress=False, record=record)
+    result = evaluate(planner, env, episodes=3, seed=7, progress=False, observers=[record])
     env.close()
 
     episode = result.seeds.index(7)  # the second wave (seed 9) must not overwrite it
@@ -60,6 +61,7 @@ class ZeroAgent:
 def test_an_agent_without_plans_records_steps_only(tiny_checkpoint):
     planner = small_planner(tiny_checkpoint)
     thunk = make_env(planner.dataset, max_episode_steps=4)
+    assert isinstance(planner, PlanningAgent) and not isinstance(ZeroAgent(), PlanningAgent)
     record = record_episode(ZeroAgent(), thunk, seed=3, plan_steps=(0,))
     assert len(record) == 4 and record.plans == {}
     assert np.isnan(record.predicted_rewards).all()

@@ -88,7 +88,7 @@ def run(cfg: EvaluateConfig) -> dict:
             seed=cfg.eval.seed,
             ref_scores=(info.ref_min_score, info.ref_max_score),
             progress=cfg.eval.progress,
-            record=record,
+            observers=[] if record is None else [record],
         )
     finally:
         env.close()

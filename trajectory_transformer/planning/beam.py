@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig
@@ -92,9 +93,16 @@ class BeamPlanner:
         *,
         action_low: list[float] | np.ndarray | torch.Tensor | None = None,
         action_high: list[float] | np.ndarray | torch.Tensor | None = None,
+        dataset: DatasetInfo | None = None,
+        training_config: dict | None = None,
         **overrides: object,
     ) -> None:
+        """`dataset` and `training_config` describe where the model came from (the dataset's
+        spaces and ids, the resolved tt-train config); `from_checkpoint` fills them, and
+        evaluation and figures read them. `overrides` set `PlannerConfig` fields."""
         self.config = (config or PlannerConfig()).with_overrides(**overrides).resolved()
+        self.dataset = dataset
+        self.training_config = training_config or {}
         self.device = torch.device(device) if device is not None else model.head_weight.device
         self.model = model.to(self.device).eval()
         self.discretizer = discretizer.to(self.device)
@@ -140,17 +148,16 @@ class BeamPlanner:
         checkpoint = load_checkpoint(path, device)
         if overrides.get("discount") is None:
             overrides["discount"] = value_targets_of(checkpoint.config)[0]
-        planner = cls(
+        return cls(
             checkpoint.model,
             checkpoint.discretizer,
             device=device,
             action_low=checkpoint.dataset.action_low,
             action_high=checkpoint.dataset.action_high,
+            dataset=checkpoint.dataset,
+            training_config=checkpoint.config,
             **overrides,
         )
-        planner.dataset = checkpoint.dataset
-        planner.training_config = checkpoint.config  # resolved tt-train config, for analysis
-        return planner
 
     # --- per-environment state ------------------------------------------------------------
 
@@ -253,6 +260,20 @@ class BeamPlanner:
         self._pending, self._pending_envs = None, np.zeros(self.num_envs, dtype=bool)
         self._history[dones] = 0
         self._plan_age[dones] = self.config.horizon
+
+    def set_history(self, env: int, transitions: torch.Tensor) -> None:
+        """Make `transitions` (n, T) tokens, oldest first, env `env`'s last n <= context
+        real transitions, as if it had acted and observed them (a benchmark's context, or
+        an episode resumed mid-way)."""
+        K, T = self.config.context_transitions, self.transition_dim
+        n = transitions.shape[0]
+        if transitions.ndim != 2 or transitions.shape[1] != T or n > K:
+            raise ValueError(
+                f"a history is (n, {T}) tokens with n <= {K} (context_transitions), got "
+                f"{tuple(transitions.shape)}"
+            )
+        self._context[env, K - n :] = transitions.to(self._context)
+        self._history[env] = n
 
     def _encode_observations(self, obs: torch.Tensor) -> torch.Tensor:
         return self.discretizer.encode(obs, slice(0, self.observation_dim))  # (E, O)

@@ -1,5 +1,6 @@
 """Vector environments, evaluation episodes, scores and videos."""
 
+from trajectory_transformer.rollout.agent import Agent, EvaluationObserver, PlanningAgent
 from trajectory_transformer.rollout.envs import (
     EnvMismatchError,
     check_env_matches,
@@ -11,10 +12,13 @@ from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot, r
 from trajectory_transformer.rollout.video import render_observations, write_video
 
 __all__ = [
+    "Agent",
     "EnvMismatchError",
     "EpisodeRecord",
     "EvalResult",
+    "EvaluationObserver",
     "PlanSnapshot",
+    "PlanningAgent",
     "check_env_matches",
     "evaluate",
     "make_env",

@@ -5,26 +5,15 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
-from trajectory_transformer.rollout.record import EpisodeRecord
-
-
-class Agent(Protocol):
-    """What evaluation needs of a policy: `BeamPlanner` is one."""
-
-    def reset(self, num_envs: int, seed: int | None = None) -> None:
-        """Start `num_envs` new episodes; `seed` names an independent random stream."""
-
-    def act(self, observations: np.ndarray, active: np.ndarray | None = None) -> np.ndarray: ...
-
-    def observe(self, rewards: np.ndarray, dones: np.ndarray) -> None: ...
+from trajectory_transformer.rollout.agent import Agent, EvaluationObserver
 
 
 def normalized_score(
@@ -96,14 +85,13 @@ def evaluate(
     seed: int = 0,
     ref_scores: tuple[float | None, float | None] = (None, None),
     progress: bool = True,
-    record: EpisodeRecord | None = None,
+    observers: Sequence[EvaluationObserver] = (),
 ) -> EvalResult:
     """Play `episodes` episodes with seeds `seed, seed+1, ...`, `env.num_envs` at a time.
 
     Each wave starts every env with its own seed and runs until all of them are done. A
     finished env keeps stepping (its auto-reset episode is ignored) so shapes never change.
-    `record` is filled with the first episode (env 0 of the first wave): its steps, the
-    agent's plans and, when `record.render`, its frames.
+    `observers` (an `EpisodeRecord`, say) are told of every reset, action and step.
     """
     num_envs = env.num_envs
     returns, lengths, seeds = [], [], []
@@ -117,34 +105,30 @@ def evaluate(
         disable=not progress,
         dynamic_ncols=True,
     )
-    for wave_start in range(0, episodes, num_envs):
+    for wave, wave_start in enumerate(range(0, episodes, num_envs)):
         wave_seeds = [seed + wave_start + i for i in range(num_envs)]
         wanted = min(num_envs, episodes - wave_start)  # envs past `wanted` only fill the batch
         observations, _ = env.reset(seed=wave_seeds)
         # Each wave draws its own random numbers: reseeding every wave alike would correlate
         # episode i with episode i + num_envs, where the standard error assumes independence.
         agent.reset(num_envs, seed=wave_seeds[0])
+        for observer in observers:
+            observer.on_reset(wave, observations, wave_seeds, env)
         running = np.zeros(num_envs, dtype=np.float64)
         length = np.zeros(num_envs, dtype=np.int64)
         active = np.zeros(num_envs, dtype=bool)
         active[:wanted] = True
-        recording = record is not None and wave_start == 0
-        if recording:
-            record.begin(observations[0], wave_seeds[0], _frame(env, record))
         while active.any():
-            plan_before = getattr(agent, "last_plan", None) if recording else None
             tic = time.perf_counter()
             actions = agent.act(observations, active)  # finished envs are not planned
             planning_seconds += time.perf_counter() - tic
-            if recording and active[0]:
-                record.after_act(agent, observations, plan_before)
+            for observer in observers:
+                observer.on_act(agent, observations, actions, active)
             observations, rewards, terminated, truncated, _ = env.step(actions)
             dones = terminated | truncated
             agent.observe(rewards, dones)
-            if recording and active[0]:
-                record.after_step(
-                    actions[0], rewards[0], observations[0], terminated[0], _frame(env, record)
-                )
+            for observer in observers:
+                observer.on_step(observations, rewards, terminated, truncated, active, env)
             env_steps += int(active.sum())
             bar.update(int(active.sum()))
             running[active] += rewards[active]
@@ -169,7 +153,3 @@ def evaluate(
         env_steps=env_steps,
         wall_seconds=time.perf_counter() - start,
     )
-
-
-def _frame(env: gym.vector.VectorEnv, record: EpisodeRecord) -> np.ndarray | None:
-    return env.call("render")[0] if record.render else None

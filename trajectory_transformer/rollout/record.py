@@ -1,7 +1,7 @@
 """One episode kept in full: what happened, what the planner imagined, and rendered frames.
 
-`evaluate(..., record=EpisodeRecord(...))` fills a record for the first episode (env 0 of the
-first wave); `record_episode` plays a single episode for one. The figures in
+`evaluate(..., observers=[EpisodeRecord(...)])` fills a record for the first episode (env 0 of
+the first wave); `record_episode` plays a single episode for one. The figures in
 `trajectory_transformer.viz` are drawn from records.
 """
 
@@ -17,6 +17,8 @@ import torch
 
 from trajectory_transformer.data.episodes import reward_to_go
 from trajectory_transformer.planning.plan import Plan
+from trajectory_transformer.rollout.agent import Agent, PlanningAgent
+from trajectory_transformer.rollout.evaluate import evaluate
 
 
 @dataclass
@@ -58,27 +60,42 @@ class EpisodeRecord:
     predicted_rewards: list[float] = field(default_factory=list)
     predicted_values: list[float] = field(default_factory=list)
     frames: list[np.ndarray] = field(default_factory=list)
+    _recording: bool = field(default=False, repr=False)
+    _plan_seen: Plan | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.actions)
 
-    # --- filled by `evaluate` -------------------------------------------------------------
+    # --- filled by `evaluate`, as one of its observers: env 0 of the first wave ---------
 
-    def begin(self, observation: np.ndarray, seed: int, frame: np.ndarray | None) -> None:
-        self.observations, self.actions, self.rewards = [np.asarray(observation)], [], []
+    def on_reset(
+        self, wave: int, observations: np.ndarray, seeds: list[int], env: gym.vector.VectorEnv
+    ) -> None:
+        self._recording = wave == 0
+        if not self._recording:
+            return
+        self.observations, self.actions, self.rewards = [np.asarray(observations[0])], [], []
         self.plans, self.predicted_rewards, self.predicted_values = {}, [], []
+        frame = self._frame(env)
         self.frames = [] if frame is None else [frame]
-        self.seed, self.terminated = seed, False
+        self.seed, self.terminated = seeds[0], False
+        self._plan_seen = None  # a new search is a new Plan object
 
-    def after_act(self, agent: object, observations: np.ndarray, plan_before: object) -> None:
-        """Keep env 0's plan if `agent.act` just made a new one (a `BeamPlanner` keeps its
-        last plan in `last_plan`; other agents record no plans)."""
-        plan = getattr(agent, "last_plan", None)
-        step = len(self.actions)
-        if plan is None or plan is plan_before or not bool(plan.active[0]):
+    def on_act(
+        self, agent: Agent, observations: np.ndarray, actions: np.ndarray, active: np.ndarray
+    ) -> None:
+        """Keep env 0's action, and its plan if the agent just made a new one (agents that
+        do not plan record no plans)."""
+        if not (self._recording and active[0]):
+            return
+        self.actions.append(np.asarray(actions[0]))
+        plan = agent.last_plan if isinstance(agent, PlanningAgent) else None
+        step = len(self.actions) - 1
+        if plan is None or plan is self._plan_seen or not bool(plan.active[0]):
             self.predicted_rewards.append(math.nan)
             self.predicted_values.append(math.nan)
             return
+        self._plan_seen = plan
         best = int(plan.best[0])
         self.predicted_rewards.append(float(plan.rewards[0, best, 0]))
         self.predicted_values.append(float(plan.values[0, best, 0]))
@@ -86,20 +103,26 @@ class EpisodeRecord:
             context = agent.context_tokens(observations)[0].cpu()
             self.plans[step] = PlanSnapshot(step, context, _first_env(plan))
 
-    def after_step(
+    def on_step(
         self,
-        action: np.ndarray,
-        reward: float,
-        observation: np.ndarray,
-        terminated: bool,
-        frame: np.ndarray | None,
+        observations: np.ndarray,
+        rewards: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        active: np.ndarray,
+        env: gym.vector.VectorEnv,
     ) -> None:
-        self.actions.append(np.asarray(action))
-        self.rewards.append(float(reward))
-        self.observations.append(np.asarray(observation))
-        self.terminated = bool(terminated)
+        if not (self._recording and active[0]):
+            return
+        self.rewards.append(float(rewards[0]))
+        self.observations.append(np.asarray(observations[0]))
+        self.terminated = bool(terminated[0])
+        frame = self._frame(env)
         if frame is not None:
             self.frames.append(frame)
+
+    def _frame(self, env: gym.vector.VectorEnv) -> np.ndarray | None:
+        return env.call("render")[0] if self.render else None
 
     # --- what the model was trained to predict --------------------------------------------
 
@@ -132,12 +155,10 @@ def record_episode(
 ) -> EpisodeRecord:
     """Play one seeded episode in a fresh env from `make_env` (a thunk, e.g.
     `rollout.make_env(info, render_mode="rgb_array")`) and return its record."""
-    from trajectory_transformer.rollout.evaluate import evaluate
-
     env = gym.vector.SyncVectorEnv([make_env], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     record = EpisodeRecord(plan_steps=tuple(plan_steps), render=render)
     try:
-        evaluate(agent, env, episodes=1, seed=seed, progress=False, record=record)
+        evaluate(agent, env, episodes=1, seed=seed, progress=False, observers=[record])
     finally:
         env.close()
     return record

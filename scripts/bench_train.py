@@ -20,11 +20,10 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from trajectory_transformer.config import TrainerConfig
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
-from trajectory_transformer.training.trainer import Trainer
+from trajectory_transformer.training.trainer import Trainer, TrainerConfig
 
 PRESETS = {
     # 17 obs + 6 act dims, 4 layers x 4 heads x 128, window 10, batch 256, N = 100.

@@ -193,10 +193,10 @@ def tiny_training(seed: int = 0, **trainer_overrides):
     `structured_transitions`: 300 windows of 4 transitions, 40 steps of 16."""
     import torch
 
-    from trajectory_transformer.config import TrainerConfig
     from trajectory_transformer.data.discretizer import Discretizer
     from trajectory_transformer.data.windows import TokenWindows
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+    from trajectory_transformer.training.trainer import TrainerConfig
 
     transitions, lengths = structured_transitions()
     discretizer = Discretizer.fit(transitions, 16, "uniform")

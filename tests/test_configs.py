@@ -5,8 +5,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError
 
-from trajectory_transformer.cli.common import CONFIG_DIR
-from trajectory_transformer.config import ConfigError, reject_unknown_keys
+from trajectory_transformer.cli.common import CONFIG_DIR, ConfigError, reject_unknown_keys
 
 CONFIG_MODULE = CONFIG_DIR.removeprefix("pkg://")
 DATASET_CONFIGS = sorted(

@@ -1,19 +1,26 @@
-"""Configuration schemas: one dataclass per Hydra config group.
+"""The command line's configuration: one dataclass per Hydra config group.
 
-Each field is documented here once; the YAML files under `configs/` only set values. The
-schemas are registered with Hydra's ConfigStore, so an unknown key in a YAML file or on the
-command line is rejected instead of silently ignored.
+The library's own configs live with their code and are documented there once: `GPTConfig`
+(model/gpt.py), `TrainerConfig` (training/trainer.py), `PlannerConfig` (planning/config.py).
+Here they are composed with the fields that only the command line has (datasets, evaluation,
+collection, logging), each documented here once; the YAML files under `configs/` only set
+values. The CLI registers these schemas with Hydra (`cli/common.py`), so an unknown key in a
+YAML file or on the command line is rejected instead of silently ignored. No Hydra here: the
+library imports none.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Any
 
-from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
+from trajectory_transformer.model.gpt import GPTConfig
+from trajectory_transformer.planning.config import PlannerConfig
+from trajectory_transformer.training.trainer import TrainerConfig
 
 
 @dataclass
@@ -39,54 +46,29 @@ class DatasetConfig:
     bin of its own), or `midpoint` of the bin's edges, as the original code did."""
 
 
-@dataclass
-class ModelConfig:
-    n_layer: int = 4
-    """Transformer blocks."""
-    n_head: int = 4
-    """Attention heads per block; must divide `embedding_dim`."""
-    embedding_dim: int = 128
-    """Width of the residual stream."""
-    dropout: float = 0.1
-    """Dropout on embeddings, attention weights and residual branches."""
-    sequence_transitions: int = 10
-    """Training window in transitions; the block size is this times the transition length."""
+# The architecture fields of GPTConfig (documented there); the dimensions come from the data.
+_gpt_hints = typing.get_type_hints(GPTConfig)
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig",
+    [
+        (f.name, _gpt_hints[f.name], field(default=f.default))
+        for f in dataclasses.fields(GPTConfig)
+        if f.name not in GPTConfig.DATA_FIELDS
+    ],
+)
+"""The `model` group: GPTConfig's architecture, whose dimensions tt-train takes from the data."""
 
-
-@dataclass
-class TrainerConfig:
-    batch_size: int = 256
-    """Windows per optimisation step."""
-    learning_rate: float = 6e-4
-    """Peak learning rate after warm-up."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas."""
-    weight_decay: float = 0.1
-    """AdamW decay, applied to weight matrices only (not biases, norms, embeddings)."""
-    grad_clip: float = 1.0
-    """Global gradient-norm clip."""
-    warmup_fraction: float = 0.05
-    """Fraction of the planned training tokens spent warming the learning rate up."""
-    min_lr_fraction: float = 0.1
-    """Cosine decay floor, as a fraction of the peak learning rate."""
-    reference_epochs: float = 50.0
-    """Epochs per one million transitions (the paper's rule): epochs = ref * 1e6 / windows."""
-    epochs: int | None = None
-    """Explicit epoch count; overrides `reference_epochs`."""
-    max_steps: int | None = None
-    """Stop after this many optimisation steps (caps the epoch-derived length)."""
-    observation_weight: float = 1.0
-    """Loss weight of observation tokens."""
-    action_weight: float = 5.0
-    """Loss weight of action tokens."""
-    reward_weight: float = 1.0
-    """Loss weight of reward tokens."""
-    value_weight: float = 1.0
-    """Loss weight of value tokens."""
-    checkpoint_every: int = 1000
-    """Write `checkpoint.pt` every this many steps (and always at the end and on Ctrl-C)."""
-    log_every: int = 50
-    """Steps between progress-bar and wandb updates."""
+# Hydra needs mutable schemas; derived from the library's frozen configs, each field is
+# documented once, where the config is used.
+_planner_hints = typing.get_type_hints(PlannerConfig)
+PlannerSchema = dataclasses.make_dataclass(
+    "PlannerSchema",
+    [
+        (f.name, _planner_hints[f.name], field(default=f.default))
+        for f in dataclasses.fields(PlannerConfig)
+    ],
+)
+"""The `planner` group of tt-eval: PlannerConfig's fields."""
 
 
 @dataclass
@@ -144,6 +126,16 @@ class EvalConfig:
 
 
 @dataclass
+class EvaluateConfig:
+    checkpoint: str = MISSING
+    """Path of a `checkpoint.pt` written by tt-train."""
+    device: str = "auto"
+    """`auto` (cuda when available), `cpu`, `cuda`, ..."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    planner: PlannerSchema = field(default_factory=PlannerSchema)  # type: ignore[valid-type]
+
+
+@dataclass
 class CollectConfig:
     datasets: list[str] = field(
         default_factory=lambda: [
@@ -161,43 +153,3 @@ class CollectConfig:
     """Base seed of reset seeds, action noise and the reference scores."""
     overwrite: bool = False
     """Rebuild a dataset that already exists locally."""
-
-
-def register_configs() -> None:
-    """Register the schemas so Hydra validates every YAML file and override against them."""
-    cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="collect_schema", node=CollectConfig)
-    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
-
-
-class ConfigError(ValueError):
-    """A config key that no schema knows."""
-
-
-def reject_unknown_keys(cfg: Any, prefix: str = "") -> None:
-    """Refuse keys that the schema lacks, including those forced in with Hydra's `+key=`."""
-    from omegaconf import DictConfig, OmegaConf
-
-    schema = OmegaConf.get_type(cfg)
-    if not dataclasses.is_dataclass(schema):
-        return
-    known = {f.name for f in dataclasses.fields(schema)}
-    for key in cfg:
-        if key not in known:
-            raise ConfigError(
-                f"unknown config key {prefix}{key}; {prefix.rstrip('.') or 'the top level'} "
-                f"takes {', '.join(sorted(known))}."
-            )
-        value = cfg._get_node(key)
-        if isinstance(value, DictConfig):
-            reject_unknown_keys(value, f"{prefix}{key}.")
-
-
-def to_container(cfg: Any) -> dict:
-    """A resolved, plain-Python copy of a config (for checkpoints and logs)."""
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)

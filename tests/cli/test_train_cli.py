@@ -119,7 +119,7 @@ def test_ctrl_c_writes_a_checkpoint_to_resume_from(tmp_path):
 
 
 def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):
-    from trajectory_transformer.cli import train as train_cli
+    from trajectory_transformer import train as train_cli
 
     create_dataset("test/tiny-v0")
     overrides = [*TINY, "trainer.max_steps=2"]

@@ -8,9 +8,9 @@ import torch
 from conftest import tiny_training, tiny_training_info
 
 from trajectory_transformer.checkpoint import build_payload, load_checkpoint, save_atomic
-from trajectory_transformer.config import TrainerConfig
 from trajectory_transformer.training.trainer import (
     Trainer,
+    TrainerConfig,
     learning_rate,
     loss_weights,
     planned_steps,

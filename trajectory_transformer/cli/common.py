@@ -2,22 +2,73 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import CheckpointError
-from trajectory_transformer.config import ConfigError, register_configs, reject_unknown_keys
+from trajectory_transformer.config import (
+    CollectConfig,
+    DatasetConfig,
+    EvaluateConfig,
+    ModelConfig,
+    PlannerSchema,
+    TrainConfig,
+)
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.rollout.envs import EnvMismatchError
+from trajectory_transformer.training.trainer import TrainerConfig
 
 # The YAML files of configs/ ship inside the package (see pyproject.toml), found by import name
 # in a checkout, an editable install and a wheel alike.
 CONFIG_DIR = "pkg://trajectory_transformer.configs"
 
+
+class ConfigError(ValueError):
+    """A config key that no schema knows, or settings that do not fit together."""
+
+
+def register_configs() -> None:
+    """Register the schemas so Hydra validates every YAML file and override against them."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="collect_schema", node=CollectConfig)
+    cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    cs.store(group="planner", name="planner_schema", node=PlannerSchema)
+
+
 register_configs()
+
+
+def reject_unknown_keys(cfg: Any, prefix: str = "") -> None:
+    """Refuse keys that the schema lacks, including those forced in with Hydra's `+key=`."""
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return
+    known = {f.name for f in dataclasses.fields(schema)}
+    for key in cfg:
+        if key not in known:
+            raise ConfigError(
+                f"unknown config key {prefix}{key}; {prefix.rstrip('.') or 'the top level'} "
+                f"takes {', '.join(sorted(known))}."
+            )
+        value = cfg._get_node(key)
+        if isinstance(value, DictConfig):
+            reject_unknown_keys(value, f"{prefix}{key}.")
+
+
+def to_container(cfg: Any) -> dict:
+    """A resolved, plain-Python copy of a config (for checkpoints and logs)."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
 def resolve_device(name: str) -> torch.device:

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import CheckpointError, value_targets_of
-from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resolve_device
-from trajectory_transformer.config import ConfigError, EvalConfig
-from trajectory_transformer.planning import BeamPlanner, PlannerConfig
+from trajectory_transformer.cli.common import (
+    CONFIG_DIR,
+    ConfigError,
+    friendly_errors,
+    resolve_device,
+)
+from trajectory_transformer.config import EvaluateConfig
+from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.rollout import (
     EpisodeRecord,
     check_env_matches,
@@ -24,27 +26,6 @@ from trajectory_transformer.rollout import (
     make_vector_env,
     write_video,
 )
-
-# Hydra needs a mutable schema; derive it from PlannerConfig so each field is documented once.
-_hints = typing.get_type_hints(PlannerConfig)
-PlannerSchema = dataclasses.make_dataclass(
-    "PlannerSchema",
-    [(f.name, _hints[f.name], field(default=f.default)) for f in dataclasses.fields(PlannerConfig)],
-)
-
-
-@dataclass
-class EvaluateConfig:
-    checkpoint: str = MISSING
-    """Path of a `checkpoint.pt` written by tt-train."""
-    device: str = "auto"
-    """`auto` (cuda when available), `cpu`, `cuda`, ..."""
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    planner: PlannerSchema = field(default_factory=PlannerSchema)  # type: ignore[valid-type]
-
-
-ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
-ConfigStore.instance().store(group="planner", name="planner_schema", node=PlannerSchema)
 
 
 def run(cfg: EvaluateConfig) -> dict:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -20,8 +17,13 @@ from trajectory_transformer.checkpoint import (
     read_payload,
     save_atomic,
 )
-from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors, resolve_device
-from trajectory_transformer.config import TrainConfig, to_container
+from trajectory_transformer.cli.common import (
+    CONFIG_DIR,
+    friendly_errors,
+    resolve_device,
+    to_container,
+)
+from trajectory_transformer.config import TrainConfig
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
@@ -122,11 +124,7 @@ def train(cfg: TrainConfig) -> Path:
         observation_dim=info.observation_dim,
         action_dim=info.action_dim,
         n_bins=discretizer.n_bins,
-        sequence_transitions=cfg.model.sequence_transitions,
-        n_layer=cfg.model.n_layer,
-        n_head=cfg.model.n_head,
-        embedding_dim=cfg.model.embedding_dim,
-        dropout=cfg.model.dropout,
+        **config["model"],
     )
     if resume is not None:
         check_compatible(resume, model_config, info, config["dataset"])
@@ -161,26 +159,6 @@ def train(cfg: TrainConfig) -> Path:
             wandb_run.finish()
     print(summary.line())
     return summary.checkpoint
-
-
-def train_in_subprocess(
-    run_dir: str | os.PathLike, overrides: Sequence[str] = (), reuse: bool = True
-) -> Path:
-    """Run tt-train with Hydra `overrides` in a fresh process (as a notebook or script would)
-    and return its checkpoint. With `reuse`, a checkpoint already in `run_dir` is returned
-    without training, so re-running a notebook does not train again."""
-    checkpoint = Path(run_dir) / "checkpoint.pt"
-    if reuse and checkpoint.exists():
-        print(f"using the checkpoint trained before: {checkpoint}")
-        return checkpoint
-    command = [sys.executable, "-m", "trajectory_transformer.train", *overrides]
-    command.append(f"hydra.run.dir={run_dir}")
-    print("running", " ".join(command[2:]))
-    done = subprocess.run(command, capture_output=True, text=True)
-    print(done.stdout, end="")  # the run's summary; the progress bar went to its stderr
-    if done.returncode != 0:
-        raise RuntimeError(f"tt-train failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-    return checkpoint
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")

@@ -12,6 +12,7 @@ matrix products.
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ class GPTConfig:
     """Width of the residual stream."""
     dropout: float = 0.1
     """Dropout on embeddings, attention weights and residual branches."""
+
+    DATA_FIELDS: typing.ClassVar[tuple[str, ...]] = ("observation_dim", "action_dim", "n_bins")
+    """The fields that a dataset and its discretizer fix; the others are the architecture."""
 
     def __post_init__(self) -> None:
         sizes = ("observation_dim", "action_dim", "n_bins", "sequence_transitions", "n_layer")

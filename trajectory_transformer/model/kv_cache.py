@@ -260,9 +260,9 @@ class SharedPrefixKVCache:
         self.mask = mask
         # The same mask as an additive bias, for the attention after the prefix.
         self._bias = (
-            None if mask is None else torch.zeros(mask.shape, device=mask.device).masked_fill_(
-                ~mask, float("-inf")
-            )
+            None
+            if mask is None
+            else torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
         )
         self._group_of_row: torch.Tensor | None = None
 

@@ -16,11 +16,46 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from trajectory_transformer.config import TrainerConfig
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import TrajectoryGPT
 
 LogFn = Callable[[dict, int], None]
+
+
+@dataclass
+class TrainerConfig:
+    batch_size: int = 256
+    """Windows per optimisation step."""
+    learning_rate: float = 6e-4
+    """Peak learning rate after warm-up."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas."""
+    weight_decay: float = 0.1
+    """AdamW decay, applied to weight matrices only (not biases, norms, embeddings)."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    warmup_fraction: float = 0.05
+    """Fraction of the planned training tokens spent warming the learning rate up."""
+    min_lr_fraction: float = 0.1
+    """Cosine decay floor, as a fraction of the peak learning rate."""
+    reference_epochs: float = 50.0
+    """Epochs per one million transitions (the paper's rule): epochs = ref * 1e6 / windows."""
+    epochs: int | None = None
+    """Explicit epoch count; overrides `reference_epochs`."""
+    max_steps: int | None = None
+    """Stop after this many optimisation steps (caps the epoch-derived length)."""
+    observation_weight: float = 1.0
+    """Loss weight of observation tokens."""
+    action_weight: float = 5.0
+    """Loss weight of action tokens."""
+    reward_weight: float = 1.0
+    """Loss weight of reward tokens."""
+    value_weight: float = 1.0
+    """Loss weight of value tokens."""
+    checkpoint_every: int = 1000
+    """Write `checkpoint.pt` every this many steps (and always at the end and on Ctrl-C)."""
+    log_every: int = 50
+    """Steps between progress-bar and wandb updates."""
 
 
 @dataclass

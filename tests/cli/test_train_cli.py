@@ -157,17 +157,19 @@ def test_the_discretizer_summary_names_poor_and_discrete_dimensions(capsys):
 
     from trajectory_transformer.cli.train import describe_discretizer
     from trajectory_transformer.data.discretizer import Discretizer
+    from trajectory_transformer.diagnostics import dimension_names
 
     rng = np.random.default_rng(0)
     data = rng.normal(size=(2000, 5))  # obs0 obs1 act0 rew val
     data[:, 3] = rng.choice([0.0, 0.5, 1.0, 2.0, 9.0], size=2000)  # a reward of five values
-    describe_discretizer(Discretizer.fit(data, 50), data, obs=2, act=1)
+    names = dimension_names(2, 1)
+    describe_discretizer(Discretizer.fit(data, 50), data, names)
     out, err = capsys.readouterr()
-    assert "in standard deviations: obs0=" in out and "rew=0.0%" in out
-    assert "bins in use where fewer than 50 (a point mass takes one of its own): rew=5" in out
-    assert "fewer distinct values than the 50 bins in rew (5)" in err
+    assert "in standard deviations: obs 0=" in out and "reward=0.0%" in out
+    assert "bins in use where fewer than 50 (a point mass takes one of its own): reward=5" in out
+    assert "fewer distinct values than the 50 bins in reward (5)" in err
     assert "round-trip error above" not in err
 
-    describe_discretizer(Discretizer.fit(data, 50, bin_values="midpoint"), data, obs=2, act=1)
+    describe_discretizer(Discretizer.fit(data, 50, bin_values="midpoint"), data, names)
     out, err = capsys.readouterr()
-    assert "round-trip error above 0.1 standard deviations in rew (" in err
+    assert "round-trip error above 0.1 standard deviations in reward (" in err

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from trajectory_transformer.data import pendulum
+from trajectory_transformer.data.scores import normalized_score
 
 FAST_REFERENCE = (-1200.0, -150.0)
 
@@ -214,5 +215,5 @@ def test_reference_scores_small():
     low, high = pendulum.reference_scores(0, episodes=5)
     assert low < -700 < -300 < high
     assert pendulum.reference_scores(0, episodes=5) == (low, high)
-    score = pendulum.normalised_score(np.array([low, high]), low, high)
+    score = normalized_score(np.array([low, high]), low, high)
     np.testing.assert_allclose(score, [0.0, 100.0])

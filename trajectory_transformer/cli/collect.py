@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hydra
-import numpy as np
 from omegaconf import DictConfig
 
 from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors
 from trajectory_transformer.data import pendulum
 from trajectory_transformer.data.minari_source import DatasetError, episodes_from_minari
+from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="collect", version_base="1.3")
@@ -27,11 +27,11 @@ def main(cfg: DictConfig) -> None:
         returns = episodes_from_minari(dataset).episode_returns()
         metadata = dataset.storage.metadata
         low, high = metadata["ref_min_score"], metadata["ref_max_score"]
-        score = 100 * (returns.mean() - low) / (high - low)
+        mean, stderr = mean_and_stderr(returns)
         print(
             f"{dataset_id}: {dataset.total_episodes} episodes, {dataset.total_steps} steps, "
-            f"return {returns.mean():.1f} ± {returns.std() / np.sqrt(len(returns)):.1f}, "
-            f"normalised score {score:.1f}"
+            f"return {mean:.1f} ± {stderr:.1f}, "
+            f"normalised score {float(normalized_score(mean, low, high)):.1f}"
         )
 
 

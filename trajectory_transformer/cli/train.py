@@ -28,6 +28,7 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.data.windows import TokenWindows
+from trajectory_transformer.diagnostics import dimension_names
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 from trajectory_transformer.training.trainer import Trainer
 
@@ -35,10 +36,10 @@ ROUND_TRIP_WARNING = 0.1
 """Round-trip error, in standard deviations of a dimension, above which tt-train warns."""
 
 
-def describe_discretizer(discretizer: Discretizer, transitions: np.ndarray, obs: int, act: int):
-    """Print the round-trip error and the bins in use per dimension; warn where either says
-    that the tokens represent a dimension poorly or that it is (nearly) discrete."""
-    names = [f"obs{i}" for i in range(obs)] + [f"act{i}" for i in range(act)] + ["rew", "val"]
+def describe_discretizer(discretizer: Discretizer, transitions: np.ndarray, names: list[str]):
+    """Print the round-trip error and the bins in use per dimension (named by `names`); warn
+    where either says that the tokens represent a dimension poorly or that it is (nearly)
+    discrete."""
     error = discretizer.reconstruction_error(transitions)
     bins = discretizer.effective_bins.tolist()
     N = discretizer.n_bins
@@ -118,7 +119,8 @@ def train(cfg: TrainConfig) -> Path:
         discretizer = Discretizer.fit(
             transitions, cfg.dataset.n_bins, cfg.dataset.discretizer, cfg.dataset.bin_values
         )
-    describe_discretizer(discretizer, transitions, info.observation_dim, info.action_dim)
+    names = dimension_names(info.observation_dim, info.action_dim, info.eval_env_id)
+    describe_discretizer(discretizer, transitions, names)
 
     model_config = GPTConfig(
         observation_dim=info.observation_dim,

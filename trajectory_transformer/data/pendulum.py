@@ -63,6 +63,8 @@ from minari.data_collector import EpisodeBuffer
 from minari.namespace import create_namespace, list_local_namespaces
 from minari.storage import get_dataset_path
 
+from trajectory_transformer.data.scores import normalized_score
+
 __all__ = [
     "EMBEDDED_DATASETS",
     "ENV_ID",
@@ -72,7 +74,6 @@ __all__ = [
     "build_embedded_dataset",
     "expert_action",
     "is_embedded",
-    "normalised_score",
     "random_action",
     "reference_scores",
     "rollout",
@@ -307,11 +308,6 @@ def reference_scores(seed: int = 0, episodes: int = REFERENCE_EPISODES) -> tuple
     return float(random_returns.mean()), float(expert_returns.mean())
 
 
-def normalised_score(returns: np.ndarray | float, ref_min: float, ref_max: float) -> np.ndarray:
-    """D4RL-style normalised score: 0 for the random policy, 100 for the expert."""
-    return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min) / (ref_max - ref_min)
-
-
 # ----------------------------------------------------------------------------- datasets
 
 _ALGORITHM_NAMES = {
@@ -368,7 +364,7 @@ def build_embedded_dataset(
     for part in rollouts:
         buffers.extend(part.buffers(first_id=len(buffers)))
     returns = np.concatenate([part.returns for part in rollouts])
-    score = float(normalised_score(returns.mean(), ref_min, ref_max))
+    score = float(normalized_score(returns.mean(), ref_min, ref_max))
     description = (
         f"{EMBEDDED_DATASETS[dataset_id]} {len(buffers)} episodes of 200 steps, built by "
         f"trajectory_transformer.data.pendulum (seed {seed}). Mean return {returns.mean():.1f}, "

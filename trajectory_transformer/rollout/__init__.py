@@ -1,5 +1,6 @@
 """Vector environments, evaluation episodes, scores and videos."""
 
+from trajectory_transformer.data.scores import normalized_score
 from trajectory_transformer.rollout.agent import Agent, EvaluationObserver, PlanningAgent
 from trajectory_transformer.rollout.envs import (
     EnvMismatchError,
@@ -7,7 +8,7 @@ from trajectory_transformer.rollout.envs import (
     make_env,
     make_vector_env,
 )
-from trajectory_transformer.rollout.evaluate import EvalResult, evaluate, normalized_score
+from trajectory_transformer.rollout.evaluate import EvalResult, evaluate
 from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot, record_episode
 from trajectory_transformer.rollout.video import render_observations, write_video
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -13,22 +12,8 @@ import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
+from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
 from trajectory_transformer.rollout.agent import Agent, EvaluationObserver
-
-
-def normalized_score(
-    returns: np.ndarray, ref_min: float | None, ref_max: float | None
-) -> np.ndarray | None:
-    """`100 * (return - ref_min) / (ref_max - ref_min)`, or None without reference scores."""
-    if ref_min is None or ref_max is None:
-        return None
-    return 100.0 * (np.asarray(returns, dtype=np.float64) - ref_min) / (ref_max - ref_min)
-
-
-def mean_and_stderr(values: list[float]) -> tuple[float, float]:
-    array = np.asarray(values, dtype=np.float64)
-    stderr = array.std(ddof=1) / math.sqrt(len(array)) if len(array) > 1 else 0.0
-    return float(array.mean()), float(stderr)
 
 
 @dataclass

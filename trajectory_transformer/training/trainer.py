@@ -123,7 +123,8 @@ def planned_steps(cfg: TrainerConfig, windows: int) -> tuple[int, int]:
 
 
 class Trainer:
-    """Trains `model` on `windows`; `save(training_state)` persists a checkpoint.
+    """Trains `model` on `windows`; `save(training_state)` persists a checkpoint; `seed` seeds
+    the order of the batches.
 
     Ctrl-C is safe at any moment. The first one stops the run after the step in progress and
     writes a checkpoint. A second one stops at once: a step whose update has not begun is
@@ -157,9 +158,9 @@ class Trainer:
         self.planned_tokens = float(self.total_steps * self.tokens_per_step)
         # Batch order comes from its own generator. Its state at the start of the current epoch
         # is kept and saved, so a resumed run draws the same permutation and skips the batches
-        # already done.
+        # already done. Dropout draws from torch's global generator, which the caller seeded
+        # before building the model.
         self.order_generator = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)
         self.step = 0
         self.epoch = 0
         self.step_in_epoch = 0

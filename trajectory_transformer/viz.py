@@ -17,6 +17,7 @@ import torch
 from matplotlib.figure import Figure
 
 from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.diagnostics import (
     CompoundingError,
     PlanDistributions,
@@ -102,8 +103,8 @@ def plot_plan_predictions(
     distributions: PlanDistributions,
     discretizer: Discretizer,
     record: EpisodeRecord | None = None,
-    discount: float = 0.99,
-    terminal_penalty: float = -100.0,
+    discount: float = DISCOUNT,
+    terminal_penalty: float = TERMINAL_PENALTY,
 ) -> Figure:
     """Predicted reward and value along the chosen plan (per-bin probabilities as a heat
     map, and the expectation the score used) against the real rewards and returns-to-go."""
@@ -207,7 +208,7 @@ def plot_frames(
 
 
 def plot_episode_predictions(
-    record: EpisodeRecord, discount: float = 0.99, terminal_penalty: float = -100.0
+    record: EpisodeRecord, discount: float = DISCOUNT, terminal_penalty: float = TERMINAL_PENALTY
 ) -> Figure:
     """Over the whole episode: the reward and value the chosen plan predicted for its first
     transition at every replanning step, against the real reward and return-to-go."""

@@ -15,7 +15,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from trajectory_transformer.data.episodes import reward_to_go
+from trajectory_transformer.data.episodes import TERMINAL_PENALTY, reward_to_go
 from trajectory_transformer.planning.plan import Plan
 from trajectory_transformer.rollout.agent import Agent, PlanningAgent
 from trajectory_transformer.rollout.evaluate import evaluate
@@ -126,7 +126,7 @@ class EpisodeRecord:
 
     # --- what the model was trained to predict --------------------------------------------
 
-    def reward_targets(self, terminal_penalty: float = -100.0) -> np.ndarray:
+    def reward_targets(self, terminal_penalty: float = TERMINAL_PENALTY) -> np.ndarray:
         """Rewards as the reward tokens saw them in training: the terminal penalty added on a
         true termination, (length,)."""
         rewards = np.asarray(self.rewards, dtype=np.float32)
@@ -134,7 +134,9 @@ class EpisodeRecord:
             rewards[-1] += terminal_penalty
         return rewards
 
-    def value_targets(self, discount: float, terminal_penalty: float = -100.0) -> np.ndarray:
+    def value_targets(
+        self, discount: float, terminal_penalty: float = TERMINAL_PENALTY
+    ) -> np.ndarray:
         """The discounted reward-to-go after each step, as the value tokens were trained on,
         (length,). A truncated episode's tail is unknown and counts as zero."""
         rewards = self.reward_targets(terminal_penalty)

@@ -23,7 +23,7 @@ def tt_train(*overrides, run_dir, check=True):
     )
 
 
-def test_train_then_resume_from_the_command_line(tmp_path):
+def test_train_then_resume_a_finished_run_trains_no_more(tmp_path):
     create_dataset("test/tiny-v0")
     done = tt_train("trainer.max_steps=6", run_dir=tmp_path / "run")
     assert "trained 6 steps" in done.stdout, done.stdout + done.stderr
@@ -90,32 +90,42 @@ def test_unknown_dataset_is_one_clear_message(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_ctrl_c_writes_a_checkpoint_to_resume_from(tmp_path):
-    create_dataset("test/tiny-v0")
-    command = [
-        sys.executable,
-        "-m",
-        "trajectory_transformer.train",
-        *TINY,
-        "trainer.max_steps=1000000",
-        f"hydra.run.dir={tmp_path}",
-    ]
+def train_until_ctrl_c(*overrides: str, run_dir) -> tuple[str, str]:
+    """Start tt-train, press Ctrl-C once it has trained for a moment; (stdout, stderr)."""
+    command = [sys.executable, "-m", "trajectory_transformer.train", *TINY, *overrides]
+    command.append(f"hydra.run.dir={run_dir}")
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
     )
     try:
+        lines = []
         for line in process.stdout:  # wait until training has started
+            lines.append(line)
             if line.startswith("model:"):
                 break
         time.sleep(1.5)
         process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
     assert process.returncode == 130, stderr
+    return "".join(lines) + stdout, stderr
+
+
+def test_ctrl_c_writes_a_checkpoint_and_resume_continues_the_run(tmp_path):
+    create_dataset("test/tiny-v0")
+    long_run = "trainer.max_steps=1000000"
+    _, stderr = train_until_ctrl_c(long_run, run_dir=tmp_path / "run")
     assert "resume=" in stderr
-    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["training"]
-    assert state["step"] > 0 and not state["finished"]
+    checkpoint = tmp_path / "run" / "checkpoint.pt"
+    first = torch.load(checkpoint, weights_only=True)["training"]
+    assert 0 < first["step"] < 1000000 and not first["finished"]
+
+    stdout, _ = train_until_ctrl_c(long_run, f"resume={checkpoint}", run_dir=tmp_path / "again")
+    assert f"resumed from {checkpoint} at step {first['step']}/1000000" in stdout
+    second = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=True)["training"]
+    assert second["step"] > first["step"] and not second["finished"]  # it trained on
+    assert second["tokens_seen"] > first["tokens_seen"]
 
 
 def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):

@@ -185,4 +185,18 @@ def test_training_step_reduces_loss() -> None:
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
-    assert model.num_parameters() == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("n_layer, width", [(3, 64), (4, 128)])
+def test_parameters_are_the_architectures_count(n_layer: int, width: int) -> None:
+    """Counted from the architecture: embeddings, 12 d^2 + 13 d per block, final norm, heads."""
+    O, A, N, L = 3, 1, 100, 10  # noqa: E741
+    T = O + A + 2
+    config = GPTConfig(O, A, N, L, n_layer=n_layer, n_head=4, embedding_dim=width)
+    d = width
+    embeddings = T * N * d + L * T * d
+    blocks = n_layer * (12 * d * d + 13 * d)
+    heads = T * d * N + T * N
+    assert TrajectoryGPT(config).num_parameters() == embeddings + blocks + 2 * d + heads
+    if (n_layer, width) == (3, 64):
+        assert TrajectoryGPT(config).num_parameters() == 231_320  # what tt-train prints

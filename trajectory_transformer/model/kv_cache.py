@@ -251,7 +251,9 @@ class SharedPrefixKVCache:
                 f"rows_per_prefix, got rows={rows}, prefix_rows={prefix_rows}, "
                 f"rows_per_prefix={rows_per_prefix}"
             )
-        self.prefix = KVCache(n_layer, prefix_rows, n_head, prefix_len, head_dim, device, dtype)
+        self.prefix = KVCache(
+            n_layer, prefix_rows, n_head, prefix_len, head_dim, device, dtype, mask
+        )
         self.own = KVCache(n_layer, rows, n_head, own_len, head_dim, device, dtype)
         self.rows = rows
         self.layout = RowLayout(groups=0, members=rows_per_prefix)
@@ -283,6 +285,11 @@ class SharedPrefixKVCache:
         Replaces any previous prefix (and so invalidates the rows' own positions). Returns the
         prefix keys and values, (G, nh, s, hs), like `KVCache.update`.
         """
+        self._begin_prefix(start, k)
+        return self.prefix.update(layer, 0, k, v)
+
+    def _begin_prefix(self, start: int, k: torch.Tensor) -> None:
+        """The prefix's length and groups, from its keys (G, nh, s, hs) written at `start`."""
         if start != 0:
             raise ValueError(
                 f"a shared prefix is written from position 0, not {start}; positions after it "
@@ -292,7 +299,6 @@ class SharedPrefixKVCache:
         if k.shape[0] != self.layout.groups:
             self.layout = RowLayout(groups=k.shape[0], members=self.layout.members)
             self._group_of_row = None
-        return self.prefix.update(layer, 0, k, v)
 
     def extend(
         self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor
@@ -322,15 +328,14 @@ class SharedPrefixKVCache:
         once per group, attended like a plain cache. After it, they are (R, nh, S, hs) of the
         rows: cached in the rows' own positions and attended over [prefix ; own] with
         `shared_prefix_attention`. Returns (rows, nh, S, hs)."""
-        if self.mask is None:
+        if start == 0:
+            self._begin_prefix(start, k)
+            return self.prefix.attend(layer, 0, q, k, v, dropout_p)
+        if self._bias is None:
             raise ValueError(
                 "this cache has no attention mask; build it with model.new_shared_prefix_cache"
             )
         end = start + q.shape[2]
-        if start == 0:
-            k, v = self.update(layer, 0, k, v)
-            mask = self.mask[:end, :end]
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         prefix_k, prefix_v, k, v = self.extend(layer, start, k, v)
         bias = self._bias[start:end, :end]  # (S, end)
         return shared_prefix_attention(q, prefix_k, prefix_v, k, v, bias, self.layout)

@@ -19,9 +19,11 @@ ALLOWED = {
     "planning": {"data", "model", "checkpoint"},
     "rollout": {"data", "model", "planning"},
     "diagnostics": {"data", "model", "checkpoint", "planning", "rollout"},
-    "viz": {"data", "model", "checkpoint", "planning", "rollout", "diagnostics"},
+    "viz": {"data", "model", "checkpoint", "planning", "rollout", "diagnostics", "statistics"},
+    "statistics": set(),
+    "comparison": {"checkpoint", "statistics"},
 }
-COMMAND_LINE = {"cli", "config", "train", "evaluate", "__init__"}
+COMMAND_LINE = {"cli", "config", "train", "evaluate", "compare", "__init__"}
 
 
 def module_name(path: Path) -> str:

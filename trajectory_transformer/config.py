@@ -153,3 +153,52 @@ class CollectConfig:
     """Base seed of reset seeds, action noise and the reference scores."""
     overwrite: bool = False
     """Rebuild a dataset that already exists locally."""
+
+
+@dataclass
+class AgentConfig:
+    train: list[str] = field(default_factory=list)
+    """tt-train overrides of this agent (after the comparison's `train`), e.g.
+    `[model.embedding_dim=128]`. Agents with the same training overrides share checkpoints."""
+    eval: list[str] = field(default_factory=list)
+    """tt-eval overrides of this agent (after the comparison's `eval`), e.g. `[planner=bc]`."""
+
+
+@dataclass
+class ComparisonConfig:
+    dataset: str = "pendulum-medium"
+    """The shared dataset: a tt-train `dataset` preset (configs/dataset/)."""
+    agents: dict[str, AgentConfig] = field(default_factory=dict)
+    """The agents, by name."""
+    n: int = 5
+    """Training seeds per agent per interim."""
+    K: int = 3
+    """Most interims; an agent gets at most n * K seeds."""
+    alpha: float = 0.05
+    """Family-wise error of all the comparisons together."""
+    B: int = 10000
+    """Random permutations approximating AdaStop's permutation distribution."""
+    seed: int = 0
+    """Seed of the permutations and of the bootstrap intervals."""
+    episodes: int = 10
+    """Evaluation episodes per trained seed; their mean is the seed's score."""
+    compare_to: str | None = None
+    """One baseline agent compared with each other; None compares every pair."""
+    train: list[str] = field(default_factory=list)
+    """tt-train overrides shared by every agent (the training budget, say)."""
+    eval: list[str] = field(default_factory=list)
+    """tt-eval overrides shared by every agent."""
+
+
+@dataclass
+class CompareJobConfig:
+    file: str | None = None
+    """Set by tt-compare itself when it launches its jobs: the jobs file of an interim."""
+    index: int = 0
+    """Which job of `file` to run."""
+
+
+@dataclass
+class CompareConfig:
+    compare: ComparisonConfig = field(default_factory=ComparisonConfig)
+    job: CompareJobConfig = field(default_factory=CompareJobConfig)

@@ -1,4 +1,4 @@
-"""Figures of plans, episodes and model diagnostics (matplotlib).
+"""Figures of plans, episodes, model diagnostics and comparisons of agents (matplotlib).
 
 Every function returns a `matplotlib.figure.Figure` without touching pyplot's global state,
 so figures display in a notebook as the cell's value and save with `fig.savefig(path)`.
@@ -29,6 +29,7 @@ from trajectory_transformer.diagnostics import (
 from trajectory_transformer.model.gpt import trajectory_attention_mask
 from trajectory_transformer.planning.beam import BeamPlanner
 from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot
+from trajectory_transformer.statistics import performance_profile
 
 BEAM_COLOUR = "0.6"
 CHOSEN_COLOUR = "tab:red"
@@ -356,3 +357,65 @@ def save_episode_figures(
         paths.append(directory / f"{name}.png")
         fig.savefig(paths[-1], dpi=110)
     return paths
+
+
+# --- comparisons of agents (tt-compare) ---------------------------------------------------
+
+
+def plot_comparison_scores(
+    values: dict[str, np.ndarray], decisions: Sequence[dict], unit: str = "normalised score"
+) -> Figure:
+    """Each agent's scores over training seeds (a box and every seed), and the decisions."""
+    names = list(values)
+    fig = Figure(figsize=(1.6 * len(names) + 3.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    ax.boxplot([values[name] for name in names], showfliers=False)
+    ax.set_xticks(range(1, len(names) + 1), names)
+    for position, name in enumerate(names, start=1):
+        jitter = np.linspace(-0.12, 0.12, len(values[name])) if len(values[name]) > 1 else [0.0]
+        ax.plot(position + np.asarray(jitter), values[name], "o", color=BEAM_COLOUR, ms=4)
+    ax.set_ylabel(f"{unit} per training seed")
+    ax.set_xlabel("agent")
+    lines = [
+        f"{row['comparison']}: {row['decision']} ({row['interims']} interims)" for row in decisions
+    ]
+    ax.set_title("AdaStop decisions\n" + "\n".join(lines), fontsize=9)
+    return fig
+
+
+def plot_iqm_intervals(
+    names: Sequence[str],
+    iqms: Sequence[float],
+    intervals: Sequence[tuple[float, float]],
+    unit: str = "normalised score",
+) -> Figure:
+    """Interquartile mean of each agent with its 95% bootstrap interval over seeds."""
+    fig = Figure(figsize=(6.5, 0.6 * len(names) + 1.6), layout="constrained")
+    ax = fig.subplots()
+    rows = np.arange(len(names))
+    low = np.asarray(iqms) - np.asarray([i[0] for i in intervals])
+    high = np.asarray([i[1] for i in intervals]) - np.asarray(iqms)
+    ax.errorbar(iqms, rows, xerr=[low, high], fmt="o", color=CHOSEN_COLOUR, capsize=4)
+    ax.set_yticks(rows, names)
+    ax.set_xlabel(f"IQM of the {unit} (95% stratified bootstrap interval)")
+    ax.set_title("Interquartile mean over training seeds", fontsize=10)
+    return fig
+
+
+def plot_performance_profile(
+    values: dict[str, np.ndarray], unit: str = "normalised score"
+) -> Figure:
+    """Fraction of an agent's seeds scoring above each threshold."""
+    everything = np.concatenate([np.asarray(v, dtype=float) for v in values.values()])
+    span = everything.max() - everything.min() or 1.0
+    thresholds = np.linspace(everything.min() - 0.05 * span, everything.max() + 0.05 * span, 200)
+    fig = Figure(figsize=(6.5, 4.0), layout="constrained")
+    ax = fig.subplots()
+    for name, scores in values.items():
+        ax.plot(thresholds, performance_profile(scores, thresholds), label=name)
+    ax.set_xlabel(f"{unit} threshold")
+    ax.set_ylabel("fraction of seeds above")
+    ax.set_ylim(-0.02, 1.02)
+    ax.legend(fontsize=8)
+    ax.set_title("Performance profile over training seeds", fontsize=10)
+    return fig

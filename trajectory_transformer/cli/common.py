@@ -13,8 +13,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import CheckpointError
+from trajectory_transformer.comparison import ComparisonError
 from trajectory_transformer.config import (
     CollectConfig,
+    CompareConfig,
+    ComparisonConfig,
     DatasetConfig,
     EvaluateConfig,
     ModelConfig,
@@ -40,6 +43,8 @@ def register_configs() -> None:
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="collect_schema", node=CollectConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
+    cs.store(name="compare_schema", node=CompareConfig)
+    cs.store(group="compare", name="comparison_schema", node=ComparisonConfig)
     cs.store(group="dataset", name="dataset_schema", node=DatasetConfig)
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
@@ -90,7 +95,13 @@ def friendly_errors(task: Callable) -> Callable:
         try:
             reject_unknown_keys(args[0])
             return task(*args, **kwargs)
-        except (DatasetError, CheckpointError, ConfigError, EnvMismatchError) as error:
+        except (
+            DatasetError,
+            CheckpointError,
+            ConfigError,
+            EnvMismatchError,
+            ComparisonError,
+        ) as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)
 

@@ -1,0 +1,62 @@
+"""`tt-compare` end to end on a tiny dataset, with Hydra's local launchers."""
+
+import json
+
+import pytest
+from conftest import TINY_TRAINING, create_dataset, run_module
+
+
+def hydra_list(overrides: list[str]) -> str:
+    return "[" + ",".join(f'"{o}"' for o in overrides) + "]"
+
+
+TINY_COMPARISON = [
+    "compare.n=1",
+    "compare.K=1",
+    "compare.B=100",
+    "compare.episodes=1",
+    "~compare.agents.narrow",  # planner and bc: two agents, one shared training
+    "compare.train=" + hydra_list([*TINY_TRAINING, "trainer.max_steps=2"]),
+    "compare.eval="
+    + hydra_list(
+        [
+            "planner.horizon=2",
+            "planner.beam_width=2",
+            "planner.context_transitions=1",
+            "eval.num_envs=1",
+            "eval.max_episode_steps=5",
+            "device=cpu",
+        ]
+    ),
+]
+
+
+@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]])
+def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
+    create_dataset("test/tiny-v0")
+    result = run_module(
+        "trajectory_transformer.compare",
+        *TINY_COMPARISON,
+        *launcher,
+        f"hydra.run.dir={tmp_path}",
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "| planner vs bc |" in result.stdout
+    assert "not told apart within this budget" in result.stdout  # one seed decides nothing
+    assert "1 trainings (1 more saved by sharing checkpoints" in result.stdout
+    state = json.loads((tmp_path / "compare.json").read_text())
+    assert state["finished"] and state["trainings_run"] == 1 and state["evaluations_run"] == 2
+    assert set(state["scores"][0]) == {"planner", "bc"}
+    for name in ("decisions.csv", "agents.csv", "comparison_scores.png", "comparison_profile.png"):
+        assert (tmp_path / name).is_file()
+    if launcher:
+        assert "Joblib" in (result.stdout + result.stderr)
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
+    result = run_module(
+        "trajectory_transformer.compare", "compare.K=0", f"hydra.run.dir={tmp_path}"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: compare.K must be at least 1, got 0"

@@ -1,0 +1,181 @@
+"""AdaStop comparisons: decisions on synthetic scores, shared checkpoints, the state that
+survives interruptions, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_module
+
+from trajectory_transformer.checkpoint import save_atomic
+from trajectory_transformer.cli import compare as compare_cli
+from trajectory_transformer.cli.common import ConfigError
+from trajectory_transformer.comparison import (
+    AgentSpec,
+    ComparisonError,
+    ComparisonSpec,
+    ComparisonState,
+    Decider,
+    plan_interim,
+)
+
+
+def spec(**changes) -> ComparisonSpec:
+    agents = (
+        AgentSpec("good"),
+        AgentSpec("twin_a", eval=("planner=bc",)),
+        AgentSpec("twin_b", train=("model.embedding_dim=32",)),
+    )
+    settings = dict(dataset="pendulum-medium", agents=agents, n=5, K=3, alpha=0.05, B=5000)
+    return ComparisonSpec(**(settings | changes))
+
+
+def test_a_clearly_better_agent_is_larger_and_identical_ones_are_equal():
+    s = spec()
+    rng = np.random.default_rng(0)
+    means = {"good": 10.0, "twin_a": 0.0, "twin_b": 0.0}
+    state = ComparisonState(spec=s.to_dict())
+    decider = Decider(s, state)
+    interims = 0
+    while not decider.finished:
+        seeds = s.seeds(interims)
+        scores = {
+            name: {str(seed): float(rng.normal(means[name], 1.0)) for seed in seeds}
+            for name in decider.playing()
+        }
+        decider.add_interim(scores)
+        interims += 1
+    assert state.decisions == {
+        "good vs twin_a": "larger",
+        "good vs twin_b": "larger",
+        "twin_a vs twin_b": "equal",
+    }
+    assert state.decided_at["good vs twin_a"] == 1  # told apart at the first interim
+    assert state.decided_at["twin_a vs twin_b"] == interims == s.K  # never told apart
+    # Only agents in an undecided comparison got the later interims' seeds.
+    assert len(state.values(s.names)["good"]) == s.n
+    assert len(state.values(s.names)["twin_a"]) == s.K * s.n
+
+    replayed = Decider(s, ComparisonState(**json.loads(json.dumps(state.__dict__))))
+    assert replayed.state.decisions == state.decisions and replayed.finished
+
+
+def test_compare_to_tests_the_baseline_against_each_other_agent():
+    assert spec(compare_to="twin_a").pairs() == [(1, 0), (1, 2)]
+    assert spec().pairs() == [(0, 1), (0, 2), (1, 2)]
+
+
+def test_agents_that_differ_only_in_evaluation_share_their_trainings(tmp_path):
+    interim = plan_interim(spec(), 1, ["good", "twin_a", "twin_b"], tmp_path)
+    assert len(interim.trainings) == 2 * 5  # good and twin_a share; twin_b trains its own
+    assert interim.shared == 5
+    good, twin = interim.evaluations["good"][5], interim.evaluations["twin_a"][5]
+    assert good.args[0] == twin.args[0]  # the same checkpoint
+    assert "planner=bc" in twin.args and "planner=bc" not in good.args
+    assert [job.args[-1] for job in interim.trainings[:5]] == [f"seed={s}" for s in range(5, 10)]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(agents=(AgentSpec("alone"),)), "at least two agents"),
+        (dict(n=0), "compare.n must be at least 1"),
+        (dict(K=0), "compare.K must be at least 1"),
+        (dict(alpha=1.0), r"compare.alpha must be in \(0, 1\)"),
+        (dict(alpha=0.0), r"compare.alpha must be in \(0, 1\)"),
+        (dict(compare_to="nobody"), "compare_to='nobody' names no agent"),
+    ],
+)
+def test_bad_settings_are_refused(changes, message):
+    with pytest.raises(ComparisonError, match=message):
+        spec(**changes).validate()
+
+
+def test_a_changed_agent_is_refused_naming_what_changed(tmp_path):
+    ComparisonState(spec=spec().to_dict()).save(tmp_path)
+    changed = spec(agents=(*spec().agents[:2], AgentSpec("twin_b", eval=("planner=bc",))))
+    expected = r"agent twin_b: train \['model.embedding_dim=32'\] -> \[\]\n  agent twin_b: eval"
+    with pytest.raises(ComparisonError, match=expected) as error:
+        ComparisonState.load_or_start(tmp_path, changed)
+    assert "twin_a" not in str(error.value)
+    assert ComparisonSpec.from_dict(ComparisonState.load_or_start(tmp_path, spec()).spec) == spec()
+
+
+# --- the command, in this process, with jobs that only pretend to train and evaluate ------
+
+TRUE_SCORES = {"planner": 90.0, "bc": 40.0, "narrow": 88.0}
+
+
+class PretendLauncher:
+    """Stands in for `launch`: writes what a finished job leaves behind, records every job it
+    ran, and can raise KeyboardInterrupt (a Ctrl-C) when asked to launch a given label."""
+
+    def __init__(self, interrupt_at: str | None = None):
+        self.interrupt_at = interrupt_at
+        self.ran: list[str] = []
+
+    def __call__(self, jobs, root, label, launcher):
+        if label == self.interrupt_at:
+            raise KeyboardInterrupt
+        pending = [job for job in jobs if not job.done()]
+        for job in pending:
+            folder = Path(job.run_dir)
+            if job.kind == "train":
+                payload = {"format_version": 2, "training": {"finished": True}}
+                save_atomic(payload, folder / "checkpoint.pt")
+            else:
+                agent, seed = folder.parent.name, int(folder.name.removeprefix("seed"))
+                score = TRUE_SCORES[agent] + np.sin(seed)  # a little spread across seeds
+                results = {"normalized_score_mean": score, "return_mean": score}
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / "results.json").write_text(json.dumps(results))
+            self.ran.append(job.run_dir)
+        return len(pending)
+
+
+def run_compare(root: Path, launcher: PretendLauncher, *overrides: str):
+    with initialize_config_module("trajectory_transformer.configs", version_base="1.3"):
+        cfg = compose("compare", overrides=list(overrides))
+        return compare_cli.compare(cfg, root, [])
+
+
+def test_resume_after_an_interruption_runs_no_job_twice(tmp_path, monkeypatch):
+    settings = ["compare.n=3", "compare.K=3", "compare.B=500", "compare.compare_to=planner"]
+    first = PretendLauncher(interrupt_at="interim1-eval")
+    monkeypatch.setattr(compare_cli, "launch", first)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(tmp_path, first, *settings)
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert len(saved["scores"]) == 1  # interim 1 was finished and stored, interim 2 was not
+    assert not saved["finished"]
+
+    again = PretendLauncher()
+    monkeypatch.setattr(compare_cli, "launch", again)
+    state = run_compare(tmp_path, again, *settings)
+    ran = first.ran + again.ran
+    assert len(ran) == len(set(ran))  # no job ran twice
+    assert not any("seed0" in run_dir or "seed2" in run_dir for run_dir in again.ran)
+    assert state.finished and state.decisions["planner vs bc"] == "larger"
+    # Planner-only variants share checkpoints: one training per seed for three agents.
+    trainings = [r for r in ran if "/trainings/" in r]
+    assert len(trainings) == len({Path(r).name for r in trainings})
+    assert state.trainings_shared > 0
+    for name in ("decisions.csv", "agents.csv", "comparison_scores.png", "comparison_iqm.png"):
+        assert (tmp_path / name).is_file()
+
+
+def test_an_override_that_tt_train_or_tt_eval_would_reject_stops_before_any_job(
+    tmp_path, monkeypatch
+):
+    launcher = PretendLauncher()
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    with pytest.raises(ConfigError, match=r"agent bc: tt-eval would reject .*planner\.horizn"):
+        run_compare(tmp_path, launcher, 'compare.agents.bc.eval=["planner.horizn=2"]')
+    with pytest.raises(ConfigError, match=r"tt-train would reject .*model\.width"):
+        run_compare(tmp_path, launcher, 'compare.train=["model.width=3"]')
+    with pytest.raises(ConfigError, match=r"planner\.horizon must be at least 1"):
+        run_compare(tmp_path, launcher, 'compare.agents.bc.eval=["planner.horizon=0"]')
+    assert launcher.ran == [] and not (tmp_path / "compare.json").exists()

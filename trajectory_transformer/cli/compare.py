@@ -1,0 +1,232 @@
+"""`tt-compare`: compare agents with AdaStop, training and evaluating through Hydra's launcher.
+
+Each interim's jobs (tt-train runs, then tt-eval runs) are launched as one Hydra multirun of
+this same command in job mode (`job.file`, `job.index`), so whatever launcher the user picks
+runs them: in sequence by default, `hydra/launcher=joblib` in parallel on this machine,
+`hydra/launcher=submitit_slurm` on a cluster. The comparison's state lives in `compare.json`
+in its run directory; running the same command again continues it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import hydra
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from trajectory_transformer.cli.common import (
+    CONFIG_DIR,
+    ConfigError,
+    friendly_errors,
+    reject_unknown_keys,
+)
+from trajectory_transformer.comparison import (
+    AgentSpec,
+    ComparisonError,
+    ComparisonSpec,
+    ComparisonState,
+    Decider,
+    Interim,
+    Job,
+    agents_markdown,
+    decisions_markdown,
+    plan_interim,
+    read_score,
+    summarize,
+)
+from trajectory_transformer.planning import PlannerConfig
+
+
+def spec_of(cfg: DictConfig) -> ComparisonSpec:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    agents = tuple(
+        AgentSpec(name, tuple(agent["train"]), tuple(agent["eval"]))
+        for name, agent in c["agents"].items()
+    )
+    lists = {key: tuple(c[key]) for key in ("train", "eval")}
+    return ComparisonSpec(**{**c, "agents": agents, **lists})
+
+
+def check_agents(spec: ComparisonSpec) -> None:
+    """Compose every agent's tt-train and tt-eval configs now, so that an override they would
+    reject stops the comparison before any training."""
+    for agent in spec.agents:
+        for command, name, overrides in (
+            ("tt-train", "train", [*spec.training_overrides(agent), "seed=0"]),
+            ("tt-eval", "eval", ["checkpoint=unused", *spec.eval, *agent.eval]),
+        ):
+            try:
+                cfg = compose(config_name=name, overrides=overrides)
+                reject_unknown_keys(cfg)
+                if name == "eval":
+                    PlannerConfig(**OmegaConf.to_container(cfg.planner, resolve=True))
+            except (HydraException, OmegaConfBaseException, ValueError) as error:
+                reason = str(error).strip().splitlines()[0]
+                raise ConfigError(
+                    f"agent {agent.name}: {command} would reject {' '.join(overrides)}: {reason}"
+                ) from None
+
+
+def launcher_overrides() -> list[str]:
+    """The user's choice of launcher and its settings, passed on to the jobs' multirun."""
+    return [
+        override
+        for override in HydraConfig.get().overrides.hydra
+        if override.startswith(("hydra/launcher", "hydra.launcher"))
+    ]
+
+
+def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
+    """Run the jobs not done yet as one multirun of this command, with the `launcher`
+    overrides; returns how many ran."""
+    pending = [job for job in jobs if not job.done()]
+    if not pending:
+        return 0
+    folder = root / "jobs" / label
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs_file = folder / "jobs.json"
+    jobs_file.write_text(json.dumps([asdict(job) for job in pending], indent=2) + "\n")
+    command = [
+        sys.executable,
+        "-m",
+        "trajectory_transformer.compare",
+        "--multirun",
+        f"job.file={jobs_file}",
+        f"job.index={','.join(str(i) for i in range(len(pending)))}",
+        f"hydra.sweep.dir={folder}",
+        *launcher,
+    ]
+    print(f"{label}: {len(pending)} {pending[0].kind} jobs", flush=True)
+    subprocess.run(command, check=False)
+    failed = [job for job in pending if not job.done()]
+    if failed:
+        raise ComparisonError(
+            f"{len(failed)} of {len(pending)} jobs of {label} did not finish; see job.log in "
+            f"{', '.join(job.run_dir for job in failed[:3])}. Run the same command again to "
+            "continue: finished jobs are not run again."
+        )
+    return len(pending)
+
+
+def run_job(jobs_file: str, index: int) -> None:
+    """Job mode: run job `index` of `jobs_file`, its output in `<run dir>/job.log`. A training
+    that was interrupted continues from its checkpoint."""
+    job = Job(**json.loads(Path(jobs_file).read_text())[index])
+    folder = Path(job.run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    args = job.command()
+    if job.kind == "train" and (folder / "checkpoint.pt").is_file():
+        args.append(f"resume={folder / 'checkpoint.pt'}")
+    with open(folder / "job.log", "w") as log:
+        done = subprocess.run([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        print(f"job {index} ({job.kind}) failed with exit code {done.returncode}: {folder}")
+
+
+def run_interim(interim: Interim, root: Path, launcher: list[str]) -> dict[str, dict[str, float]]:
+    launch(interim.trainings, root, f"interim{interim.index}-train", launcher)
+    evaluations = [job for jobs in interim.evaluations.values() for job in jobs.values()]
+    launch(evaluations, root, f"interim{interim.index}-eval", launcher)
+    return {
+        agent: {str(seed): read_score(job)[0] for seed, job in jobs.items()}
+        for agent, jobs in interim.evaluations.items()
+    }
+
+
+def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState:
+    """Run (or continue) the comparison `cfg.compare` in `root`, its jobs launched with the
+    `launcher` overrides."""
+    spec = spec_of(cfg.compare)
+    try:
+        spec.validate()
+    except ComparisonError as error:
+        raise ConfigError(str(error)) from None
+    check_agents(spec)
+    state = ComparisonState.load_or_start(root, spec)
+    decider = Decider(spec, state)
+    print(
+        f"comparing {', '.join(spec.names)} on {spec.dataset}: n={spec.n} seeds per interim, "
+        f"at most K={spec.K} interims, alpha={spec.alpha}; state in {root / 'compare.json'}"
+    )
+    while not decider.finished:
+        index = len(state.scores)
+        interim = plan_interim(spec, index, decider.playing(), root)
+        print(
+            f"interim {index + 1}/{spec.K}: {', '.join(interim.evaluations)} on seeds "
+            f"{spec.seeds(index).start}-{spec.seeds(index).stop - 1}: "
+            f"{len(interim.trainings)} trainings ({interim.shared} saved by sharing "
+            f"checkpoints), {sum(map(len, interim.evaluations.values()))} evaluations",
+            flush=True,
+        )
+        scores = run_interim(interim, root, launcher)
+        state.normalized = state.normalized and all(
+            read_score(job)[1] for jobs in interim.evaluations.values() for job in jobs.values()
+        )
+        state.trainings_run += len(interim.trainings)
+        state.trainings_shared += interim.shared
+        state.evaluations_run += sum(map(len, interim.evaluations.values()))
+        decider.add_interim(scores)
+        state.save(root)
+        undecided = [pair for pair, d in state.decisions.items() if d == "continue"]
+        print(f"after interim {index + 1}: {len(undecided)} comparisons undecided", flush=True)
+    report(spec, state, root)
+    state.save(root)
+    return state
+
+
+def report(spec: ComparisonSpec, state: ComparisonState, root: Path) -> None:
+    """The decisions and per-agent statistics: markdown here, CSV and figures in `root`."""
+    from trajectory_transformer import viz  # matplotlib only here
+
+    agents, rows = summarize(spec, state)
+    print(decisions_markdown(rows, state.normalized))
+    print(agents_markdown(agents))
+    print(
+        f"{state.trainings_run} trainings ({state.trainings_shared} more saved by sharing "
+        f"checkpoints between agents) and {state.evaluations_run} evaluations"
+    )
+    with open(root / "decisions.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(root / "agents.csv", "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(asdict(agents[0])))
+        writer.writeheader()
+        writer.writerows(asdict(agent) for agent in agents)
+    values = state.values(spec.names)
+    unit = "normalised score" if state.normalized else "return"
+    figures = {
+        "comparison_scores.png": viz.plot_comparison_scores(values, rows, unit),
+        "comparison_iqm.png": viz.plot_iqm_intervals(
+            [a.name for a in agents],
+            [a.iqm for a in agents],
+            [(a.iqm_low, a.iqm_high) for a in agents],
+            unit,
+        ),
+        "comparison_profile.png": viz.plot_performance_profile(values, unit),
+    }
+    for name, figure in figures.items():
+        figure.savefig(root / name, dpi=110)
+    print(f"tables and figures: {root}/decisions.csv, agents.csv, comparison_*.png")
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="compare", version_base="1.3")
+@friendly_errors
+def main(cfg: DictConfig) -> None:
+    if cfg.job.file is not None:
+        run_job(cfg.job.file, cfg.job.index)
+    else:
+        compare(cfg, Path(HydraConfig.get().runtime.output_dir), launcher_overrides())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,398 @@
+"""Statistically sound comparisons of agents with AdaStop: the plan of jobs, the state that
+survives interruptions, and the decisions.
+
+AdaStop (Mathieu et al., "AdaStop: adaptive statistical testing for sound comparisons of Deep
+RL agents") is a sequential permutation test over several agents at once. At each of at most
+`K` interims, every agent still in an undecided comparison gets `n` more training seeds; the
+test then decides the comparisons it can (`larger`, `smaller`, or, at the last interim,
+`equal`: not told apart within this budget) with the family-wise error bounded by `alpha`.
+
+An agent is a set of tt-train overrides and a set of tt-eval overrides. Its score for one
+training seed is the mean normalised score of `episodes` evaluation episodes (the mean return
+where the dataset has no reference scores). Agents whose training overrides are the same
+share their trained checkpoints: training runs once per (training config, seed), and each
+planner variant only evaluates.
+
+This module runs nothing: `cli/compare.py` launches the jobs (through Hydra's launcher) and
+calls back here. The state is plain JSON (`compare.json`); the comparator is rebuilt by
+replaying the stored scores, with no pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+from adastop import MultipleAgentsComparator
+
+from trajectory_transformer.checkpoint import read_payload
+from trajectory_transformer.statistics import (
+    iqm,
+    mean,
+    probability_of_improvement,
+    stratified_bootstrap_ci,
+)
+
+STATE_FILE = "compare.json"
+EQUAL_MEANS = "not told apart within this budget"
+
+
+class ComparisonError(ValueError):
+    """A comparison that cannot run as given; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    train: tuple[str, ...] = ()
+    """tt-train overrides, after the comparison's shared ones."""
+    eval: tuple[str, ...] = ()
+    """tt-eval overrides, after the comparison's shared ones."""
+
+
+@dataclass(frozen=True)
+class ComparisonSpec:
+    """What is compared, and how; `cli/compare.py` builds it from the `compare` config."""
+
+    dataset: str
+    agents: tuple[AgentSpec, ...]
+    n: int = 5
+    K: int = 3
+    alpha: float = 0.05
+    B: int = 10_000
+    seed: int = 0
+    episodes: int = 10
+    compare_to: str | None = None
+    train: tuple[str, ...] = ()
+    eval: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        """Raise `ComparisonError` for a comparison that cannot run, before any job."""
+        names = [agent.name for agent in self.agents]
+        if len(names) < 2:
+            raise ComparisonError(
+                f"a comparison needs at least two agents, got {len(names)} ({', '.join(names)})"
+            )
+        if len(set(names)) != len(names):
+            raise ComparisonError(f"agent names repeat: {', '.join(names)}")
+        for name, value in (("n", self.n), ("K", self.K), ("episodes", self.episodes)):
+            if value < 1:
+                raise ComparisonError(f"compare.{name} must be at least 1, got {value}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ComparisonError(f"compare.alpha must be in (0, 1), got {self.alpha}")
+        if self.B < 1:
+            raise ComparisonError(f"compare.B must be at least 1, got {self.B}")
+        if self.compare_to is not None and self.compare_to not in names:
+            raise ComparisonError(
+                f"compare.compare_to={self.compare_to!r} names no agent; agents: {', '.join(names)}"
+            )
+
+    @property
+    def names(self) -> list[str]:
+        return [agent.name for agent in self.agents]
+
+    def pairs(self) -> list[tuple[int, int]]:
+        """The comparisons, as agent indices: every pair, or the baseline against each."""
+        count = len(self.agents)
+        if self.compare_to is None:
+            return [(i, j) for i in range(count) for j in range(i + 1, count)]
+        base = self.names.index(self.compare_to)
+        return [(base, j) for j in range(count) if j != base]
+
+    def training_overrides(self, agent: AgentSpec) -> list[str]:
+        return [f"dataset={self.dataset}", *self.train, *agent.train]
+
+    def training_key(self, agent: AgentSpec) -> str:
+        """Agents whose training overrides are the same share this key, and the checkpoints."""
+        text = json.dumps(self.training_overrides(agent))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    def seeds(self, interim: int) -> range:
+        """The training seeds of interim `interim` (from 0)."""
+        return range(interim * self.n, (interim + 1) * self.n)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ComparisonSpec:
+        agents = tuple(
+            AgentSpec(a["name"], tuple(a["train"]), tuple(a["eval"])) for a in data["agents"]
+        )
+        lists = {key: tuple(data[key]) for key in ("train", "eval")}
+        return cls(**{**data, "agents": agents, **lists})
+
+    def differences(self, other: ComparisonSpec) -> list[str]:
+        """What changed from `other`, field by field and agent by agent."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        changes = [
+            f"{key}: {theirs[key]!r} -> {mine[key]!r}"
+            for key in mine
+            if key != "agents" and mine[key] != theirs[key]
+        ]
+        before = {a["name"]: a for a in theirs["agents"]}
+        after = {a["name"]: a for a in mine["agents"]}
+        for name in sorted(before.keys() | after.keys()):
+            if name not in after:
+                changes.append(f"agent {name}: removed")
+            elif name not in before:
+                changes.append(f"agent {name}: added")
+            else:
+                changes += [
+                    f"agent {name}: {key} {list(before[name][key])} -> {list(after[name][key])}"
+                    for key in ("train", "eval")
+                    if before[name][key] != after[name][key]
+                ]
+        if not changes and [a["name"] for a in mine["agents"]] != list(before):
+            changes.append(f"agent order: {list(before)} -> {[a['name'] for a in after.values()]}")
+        return changes
+
+
+@dataclass
+class Job:
+    """One run of tt-train or tt-eval: `python -m <module> <args> hydra.run.dir=<run_dir>`."""
+
+    kind: str  # "train" or "eval"
+    args: list[str]
+    run_dir: str
+
+    @property
+    def module(self) -> str:
+        return {"train": "trajectory_transformer.train", "eval": "trajectory_transformer.evaluate"}[
+            self.kind
+        ]
+
+    def command(self) -> list[str]:
+        return ["-m", self.module, *self.args, f"hydra.run.dir={self.run_dir}"]
+
+    def done(self) -> bool:
+        """Whether a finished result is already on disk (so the job is never run twice)."""
+        folder = Path(self.run_dir)
+        if self.kind == "eval":
+            return (folder / "results.json").is_file()
+        checkpoint = folder / "checkpoint.pt"
+        if not checkpoint.is_file():
+            return False
+        training = read_payload(checkpoint)["training"]
+        return bool(training and training["finished"])
+
+
+@dataclass
+class Interim:
+    """The jobs of one interim: trainings first, then evaluations."""
+
+    index: int
+    trainings: list[Job]
+    evaluations: dict[str, dict[int, Job]]  # agent -> seed -> job
+    shared: int  # trainings saved by sharing checkpoints between agents
+
+
+def plan_interim(spec: ComparisonSpec, index: int, playing: list[str], root: Path) -> Interim:
+    """The jobs that give every agent in `playing` its `n` scores of interim `index`."""
+    trainings: dict[tuple[str, int], Job] = {}
+    evaluations: dict[str, dict[int, Job]] = {}
+    wanted = 0
+    for agent in spec.agents:
+        if agent.name not in playing:
+            continue
+        key = spec.training_key(agent)
+        evaluations[agent.name] = {}
+        for seed in spec.seeds(index):
+            wanted += 1
+            train_dir = root / "trainings" / key / f"seed{seed}"
+            trainings.setdefault(
+                (key, seed),
+                Job("train", [*spec.training_overrides(agent), f"seed={seed}"], str(train_dir)),
+            )
+            evaluations[agent.name][seed] = Job(
+                "eval",
+                [
+                    f"checkpoint={train_dir / 'checkpoint.pt'}",
+                    f"eval.episodes={spec.episodes}",
+                    "eval.progress=false",
+                    *spec.eval,
+                    *agent.eval,
+                ],
+                str(root / "evaluations" / agent.name / f"seed{seed}"),
+            )
+    return Interim(index, list(trainings.values()), evaluations, wanted - len(trainings))
+
+
+def read_score(job: Job) -> tuple[float, bool]:
+    """(score, normalised) of a finished evaluation: the mean normalised score of its episodes,
+    or their mean return where the dataset has no reference scores."""
+    results = json.loads((Path(job.run_dir) / "results.json").read_text())
+    if results.get("normalized_score_mean") is not None:
+        return float(results["normalized_score_mean"]), True
+    return float(results["return_mean"]), False
+
+
+@dataclass
+class ComparisonState:
+    """Everything a comparison has done, as JSON: rerunning the same command continues it."""
+
+    spec: dict
+    scores: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    """Per finished interim: agent -> {seed: score}."""
+    normalized: bool = True
+    """False once a score is a mean return (a dataset without reference scores)."""
+    decisions: dict[str, str] = field(default_factory=dict)
+    """'agent vs agent' -> larger | smaller | equal | continue."""
+    decided_at: dict[str, int] = field(default_factory=dict)
+    """'agent vs agent' -> interims used to decide it."""
+    trainings_run: int = 0
+    trainings_shared: int = 0
+    evaluations_run: int = 0
+    finished: bool = False
+
+    def save(self, root: Path) -> Path:
+        path = Path(root) / STATE_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        temporary.replace(path)
+        return path
+
+    @classmethod
+    def load_or_start(cls, root: Path, spec: ComparisonSpec) -> ComparisonState:
+        """The state stored under `root`, refused if made for another comparison; else new."""
+        path = Path(root) / STATE_FILE
+        if not path.is_file():
+            return cls(spec=spec.to_dict())
+        state = cls(**json.loads(path.read_text()))
+        changes = spec.differences(ComparisonSpec.from_dict(state.spec))
+        if changes:
+            raise ComparisonError(
+                f"{path} holds another comparison; changed:\n  "
+                + "\n  ".join(changes)
+                + "\nRun it again as it was, or give this one another run directory "
+                "(hydra.run.dir=...)."
+            )
+        return state
+
+    def values(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Every agent's scores so far, interim after interim (AdaStop's input)."""
+        return {
+            name: np.array(
+                [score for interim in self.scores for score in interim.get(name, {}).values()]
+            )
+            for name in names
+        }
+
+
+class Decider:
+    """AdaStop's comparator, rebuilt from the stored scores by replaying every interim."""
+
+    def __init__(self, spec: ComparisonSpec, state: ComparisonState) -> None:
+        self.spec = spec
+        self.comparator = MultipleAgentsComparator(
+            n=spec.n,
+            K=spec.K,
+            B=spec.B,
+            comparisons=np.array(spec.pairs()),
+            alpha=spec.alpha,
+            seed=spec.seed,
+        )
+        self.state = state
+        for interim in range(len(state.scores)):
+            self._compare(interim)
+
+    def playing(self) -> list[str]:
+        """Agents in a comparison still undecided: they get the next interim's seeds."""
+        if self.comparator.k == 0:
+            pairs = self.spec.pairs()
+        else:
+            pairs = [tuple(pair) for pair in self.comparator.current_comparisons]
+        return [name for i, name in enumerate(self.spec.names) if any(i in p for p in pairs)]
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.comparator.is_finished) or self.comparator.k >= self.spec.K
+
+    def add_interim(self, scores: dict[str, dict[str, float]]) -> None:
+        self.state.scores.append(scores)
+        self._compare(len(self.state.scores) - 1)
+
+    def _compare(self, interim: int) -> None:
+        names = self.spec.names
+        seen = ComparisonState(spec=self.state.spec, scores=self.state.scores[: interim + 1])
+        self.comparator.partial_compare(seen.values(names), verbose=False)
+        for i, j in self.spec.pairs():
+            decision = self.comparator.decisions[str(np.array([i, j]))]
+            label = f"{names[i]} vs {names[j]}"
+            if decision != "continue" and label not in self.state.decided_at:
+                self.state.decided_at[label] = interim + 1
+            self.state.decisions[label] = decision
+        self.state.finished = self.finished
+
+
+@dataclass
+class AgentSummary:
+    name: str
+    seeds: int
+    mean: float
+    iqm: float
+    iqm_low: float
+    iqm_high: float
+
+
+def summarize(
+    spec: ComparisonSpec, state: ComparisonState, reps: int = 2000
+) -> tuple[list[AgentSummary], list[dict]]:
+    """Per agent: mean, IQM and its 95% stratified-bootstrap interval over training seeds;
+    per comparison: the means, their difference, the decision, the interims it took and the
+    probability that the first agent improves on the second."""
+    values = state.values(spec.names)
+    agents = []
+    for name in spec.names:
+        scores = values[name]
+        low, high = stratified_bootstrap_ci(scores, iqm, reps=reps, seed=spec.seed)
+        agents.append(AgentSummary(name, len(scores), mean(scores), iqm(scores), low, high))
+    rows = []
+    for i, j in spec.pairs():
+        a, b = spec.names[i], spec.names[j]
+        label = f"{a} vs {b}"
+        rows.append(
+            {
+                "comparison": label,
+                "mean_1": float(values[a].mean()),
+                "mean_2": float(values[b].mean()),
+                "mean_difference": float(values[a].mean() - values[b].mean()),
+                "decision": state.decisions.get(label, "continue"),
+                "interims": state.decided_at.get(label, len(state.scores)),
+                "probability_of_improvement": probability_of_improvement(values[a], values[b]),
+            }
+        )
+    return agents, rows
+
+
+def decisions_markdown(rows: list[dict], normalized: bool) -> str:
+    unit = "normalised score" if normalized else "return (no reference scores)"
+    lines = [
+        "| comparison | mean 1 | mean 2 | mean 1 - mean 2 | decision | interims | P(1 > 2) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        decision = row["decision"]
+        if decision == "equal":
+            decision = f"equal ({EQUAL_MEANS})"
+        lines.append(
+            f"| {row['comparison']} | {row['mean_1']:.1f} | {row['mean_2']:.1f} | "
+            f"{row['mean_difference']:+.1f} | {decision} | {row['interims']} | "
+            f"{row['probability_of_improvement']:.2f} |"
+        )
+    return f"Scores: {unit} per training seed.\n" + "\n".join(lines)
+
+
+def agents_markdown(agents: list[AgentSummary]) -> str:
+    lines = ["| agent | seeds | mean | IQM | IQM 95% CI |", "|---|---|---|---|---|"]
+    for a in agents:
+        interval = f"[{a.iqm_low:.1f}, {a.iqm_high:.1f}]"
+        if math.isnan(a.mean):
+            interval = "-"
+        lines.append(f"| {a.name} | {a.seeds} | {a.mean:.1f} | {a.iqm:.1f} | {interval} |")
+    return "\n".join(lines)

@@ -48,27 +48,40 @@ class ComparisonError(ValueError):
 @dataclass(frozen=True)
 class AgentSpec:
     name: str
+    """The agent's name in tables and figures."""
     train: tuple[str, ...] = ()
-    """tt-train overrides, after the comparison's shared ones."""
+    """tt-train overrides of this agent, after the comparison's `train`, e.g.
+    `[model.embedding_dim=128]`. Agents with the same training overrides share checkpoints."""
     eval: tuple[str, ...] = ()
-    """tt-eval overrides, after the comparison's shared ones."""
+    """tt-eval overrides of this agent, after the comparison's `eval`, e.g. `[planner=bc]`."""
 
 
 @dataclass(frozen=True)
 class ComparisonSpec:
-    """What is compared, and how; `cli/compare.py` builds it from the `compare` config."""
+    """What is compared, and how (the `compare` config group of tt-compare)."""
 
     dataset: str
+    """The shared dataset: a tt-train `dataset` preset (configs/dataset/)."""
     agents: tuple[AgentSpec, ...]
+    """The agents; in a config, a mapping from name to its overrides."""
     n: int = 5
+    """Training seeds per agent per interim."""
     K: int = 3
+    """Most interims; an agent gets at most n * K seeds."""
     alpha: float = 0.05
+    """Family-wise error of all the comparisons together."""
     B: int = 10_000
+    """Random permutations approximating AdaStop's permutation distribution."""
     seed: int = 0
+    """Seed of the permutations and of the bootstrap intervals."""
     episodes: int = 10
+    """Evaluation episodes per trained seed; their mean is the seed's score."""
     compare_to: str | None = None
+    """One baseline agent compared with each other; None compares every pair."""
     train: tuple[str, ...] = ()
+    """tt-train overrides shared by every agent (the training budget, say)."""
     eval: tuple[str, ...] = ()
+    """tt-eval overrides shared by every agent."""
 
     def validate(self) -> None:
         """Raise `ComparisonError` for a comparison that cannot run, before any job."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from trajectory_transformer.comparison import AgentSpec, ComparisonSpec
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig
@@ -41,33 +42,34 @@ class DatasetConfig:
     n_bins: int = 100
     """Bins (vocabulary size) per dimension."""
     bin_values: str = "mean"
-    """What a token decodes to: `mean`, the mean of the training values in its bin (repeated
-    quantile edges merged, so a point mass such as a saturated action or a zero reward keeps a
-    bin of its own), or `midpoint` of the bin's edges, as the original code did."""
+    """What a token decodes to: `mean`, the mean of the training values in its bin (a point
+    mass such as a saturated action or a zero reward gets a bin of its own), or `midpoint` of
+    the bin's edges, as the original code did."""
 
-
-# The architecture fields of GPTConfig (documented there); the dimensions come from the data.
-_gpt_hints = typing.get_type_hints(GPTConfig)
-ModelConfig = dataclasses.make_dataclass(
-    "ModelConfig",
-    [
-        (f.name, _gpt_hints[f.name], field(default=f.default))
-        for f in dataclasses.fields(GPTConfig)
-        if f.name not in GPTConfig.DATA_FIELDS
-    ],
-)
-"""The `model` group: GPTConfig's architecture, whose dimensions tt-train takes from the data."""
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is
 # documented once, where the config is used.
-_planner_hints = typing.get_type_hints(PlannerConfig)
-PlannerSchema = dataclasses.make_dataclass(
-    "PlannerSchema",
-    [
-        (f.name, _planner_hints[f.name], field(default=f.default))
-        for f in dataclasses.fields(PlannerConfig)
-    ],
-)
+def _schema(name: str, spec: type, types: dict[str, type], skip: tuple[str, ...] = ()) -> type:
+    """A mutable Hydra schema with `spec`'s fields (documented there): `types` replaces a
+    field's type with a container (a list for a tuple, a dict for the agents), empty by
+    default; a field without a default is MISSING."""
+    hints = typing.get_type_hints(spec)
+    fields = []
+    for f in dataclasses.fields(spec):
+        if f.name in skip:
+            continue
+        if f.name in types:  # a container: an empty one by default
+            kind = types[f.name]
+            fields.append((f.name, kind, field(default_factory=typing.get_origin(kind))))
+        else:
+            default = MISSING if f.default is dataclasses.MISSING else f.default
+            fields.append((f.name, hints[f.name], field(default=default)))
+    return dataclasses.make_dataclass(name, fields)
+
+
+ModelConfig = _schema("ModelConfig", GPTConfig, {}, skip=GPTConfig.DATA_FIELDS)
+"""The `model` group: GPTConfig's architecture, whose dimensions tt-train takes from the data."""
+PlannerSchema = _schema("PlannerSchema", PlannerConfig, {})
 """The `planner` group of tt-eval: PlannerConfig's fields."""
 
 
@@ -155,39 +157,14 @@ class CollectConfig:
     """Rebuild a dataset that already exists locally."""
 
 
-@dataclass
-class AgentConfig:
-    train: list[str] = field(default_factory=list)
-    """tt-train overrides of this agent (after the comparison's `train`), e.g.
-    `[model.embedding_dim=128]`. Agents with the same training overrides share checkpoints."""
-    eval: list[str] = field(default_factory=list)
-    """tt-eval overrides of this agent (after the comparison's `eval`), e.g. `[planner=bc]`."""
-
-
-@dataclass
-class ComparisonConfig:
-    dataset: str = "pendulum-medium"
-    """The shared dataset: a tt-train `dataset` preset (configs/dataset/)."""
-    agents: dict[str, AgentConfig] = field(default_factory=dict)
-    """The agents, by name."""
-    n: int = 5
-    """Training seeds per agent per interim."""
-    K: int = 3
-    """Most interims; an agent gets at most n * K seeds."""
-    alpha: float = 0.05
-    """Family-wise error of all the comparisons together."""
-    B: int = 10000
-    """Random permutations approximating AdaStop's permutation distribution."""
-    seed: int = 0
-    """Seed of the permutations and of the bootstrap intervals."""
-    episodes: int = 10
-    """Evaluation episodes per trained seed; their mean is the seed's score."""
-    compare_to: str | None = None
-    """One baseline agent compared with each other; None compares every pair."""
-    train: list[str] = field(default_factory=list)
-    """tt-train overrides shared by every agent (the training budget, say)."""
-    eval: list[str] = field(default_factory=list)
-    """tt-eval overrides shared by every agent."""
+AgentConfig = _schema("AgentConfig", AgentSpec, {"train": list[str], "eval": list[str]}, ("name",))
+"""One agent of a comparison: AgentSpec's overrides (comparison.py)."""
+ComparisonConfig = _schema(
+    "ComparisonConfig",
+    ComparisonSpec,
+    {"agents": dict[str, AgentConfig], "train": list[str], "eval": list[str]},
+)
+"""The `compare` group of tt-compare: ComparisonSpec's fields (comparison.py)."""
 
 
 @dataclass
@@ -200,5 +177,5 @@ class CompareJobConfig:
 
 @dataclass
 class CompareConfig:
-    compare: ComparisonConfig = field(default_factory=ComparisonConfig)
+    compare: ComparisonConfig = field(default_factory=ComparisonConfig)  # type: ignore[valid-type]
     job: CompareJobConfig = field(default_factory=CompareJobConfig)

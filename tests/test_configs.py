@@ -72,3 +72,22 @@ def test_unknown_keys_are_rejected(override):
 def test_wrong_types_are_rejected():
     with pytest.raises(ConfigCompositionException):
         compose_train("trainer.batch_size=lots")
+
+
+def test_every_registered_schema_survives_pickling():
+    """Hydra's joblib and cluster launchers pickle the config store into their workers."""
+    import pickle
+
+    from hydra.core.config_store import ConfigStore
+
+    def nodes(repo):
+        for value in repo.values():
+            if isinstance(value, dict):
+                yield from nodes(value)
+            else:
+                yield value
+
+    stored = list(nodes(ConfigStore.instance().repo))
+    assert len(stored) >= 9
+    for node in stored:
+        assert pickle.loads(pickle.dumps(node.node)) == node.node, node.name

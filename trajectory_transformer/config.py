@@ -64,7 +64,9 @@ def _schema(name: str, spec: type, types: dict[str, type], skip: tuple[str, ...]
         else:
             default = MISSING if f.default is dataclasses.MISSING else f.default
             fields.append((f.name, hints[f.name], field(default=default)))
-    return dataclasses.make_dataclass(name, fields)
+    schema = dataclasses.make_dataclass(name, fields)
+    schema.__module__ = __name__  # found by pickle: the joblib launcher pickles the schemas
+    return schema
 
 
 ModelConfig = _schema("ModelConfig", GPTConfig, {}, skip=GPTConfig.DATA_FIELDS)

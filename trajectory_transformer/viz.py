@@ -377,7 +377,9 @@ def plot_comparison_scores(
     ax.set_ylabel(f"{unit} per training seed")
     ax.set_xlabel("agent")
     lines = [
-        f"{row['comparison']}: {row['decision']} ({row['interims']} interims)" for row in decisions
+        f"{row['comparison']}: {row['decision']} "
+        f"({row['interims']} interim{'' if row['interims'] == 1 else 's'})"
+        for row in decisions
     ]
     ax.set_title("AdaStop decisions\n" + "\n".join(lines), fontsize=9)
     return fig

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -85,7 +84,7 @@ class ComparisonSpec:
 
     def validate(self) -> None:
         """Raise `ComparisonError` for a comparison that cannot run, before any job."""
-        names = [agent.name for agent in self.agents]
+        names = self.names
         if len(names) < 2:
             raise ComparisonError(
                 f"a comparison needs at least two agents, got {len(names)} ({', '.join(names)})"
@@ -372,9 +371,9 @@ def summarize(
         rows.append(
             {
                 "comparison": label,
-                "mean_1": float(values[a].mean()),
-                "mean_2": float(values[b].mean()),
-                "mean_difference": float(values[a].mean() - values[b].mean()),
+                "mean_1": agents[i].mean,
+                "mean_2": agents[j].mean,
+                "mean_difference": agents[i].mean - agents[j].mean,
                 "decision": state.decisions.get(label, "continue"),
                 "interims": state.decided_at.get(label, len(state.scores)),
                 "probability_of_improvement": probability_of_improvement(values[a], values[b]),
@@ -405,7 +404,5 @@ def agents_markdown(agents: list[AgentSummary]) -> str:
     lines = ["| agent | seeds | mean | IQM | IQM 95% CI |", "|---|---|---|---|---|"]
     for a in agents:
         interval = f"[{a.iqm_low:.1f}, {a.iqm_high:.1f}]"
-        if math.isnan(a.mean):
-            interval = "-"
         lines.append(f"| {a.name} | {a.seeds} | {a.mean:.1f} | {a.iqm:.1f} | {interval} |")
     return "\n".join(lines)

@@ -30,7 +30,6 @@ from trajectory_transformer.cli.common import (
     reject_unknown_keys,
 )
 from trajectory_transformer.comparison import (
-    AgentSpec,
     ComparisonError,
     ComparisonSpec,
     ComparisonState,
@@ -47,13 +46,10 @@ from trajectory_transformer.planning import PlannerConfig
 
 
 def spec_of(cfg: DictConfig) -> ComparisonSpec:
+    """The comparison of a `compare` config, whose agents are a mapping from name."""
     c = OmegaConf.to_container(cfg, resolve=True)
-    agents = tuple(
-        AgentSpec(name, tuple(agent["train"]), tuple(agent["eval"]))
-        for name, agent in c["agents"].items()
-    )
-    lists = {key: tuple(c[key]) for key in ("train", "eval")}
-    return ComparisonSpec(**{**c, "agents": agents, **lists})
+    c["agents"] = [{"name": name, **agent} for name, agent in c["agents"].items()]
+    return ComparisonSpec.from_dict(c)
 
 
 def check_agents(spec: ComparisonSpec) -> None:
@@ -132,14 +128,22 @@ def run_job(jobs_file: str, index: int) -> None:
         print(f"job {index} ({job.kind}) failed with exit code {done.returncode}: {folder}")
 
 
-def run_interim(interim: Interim, root: Path, launcher: list[str]) -> dict[str, dict[str, float]]:
+def run_interim(
+    interim: Interim, root: Path, launcher: list[str]
+) -> tuple[dict[str, dict[str, float]], bool]:
+    """Every agent's score per seed, and whether all of them are normalised scores."""
     launch(interim.trainings, root, f"interim{interim.index}-train", launcher)
     evaluations = [job for jobs in interim.evaluations.values() for job in jobs.values()]
     launch(evaluations, root, f"interim{interim.index}-eval", launcher)
-    return {
-        agent: {str(seed): read_score(job)[0] for seed, job in jobs.items()}
+    read = {
+        agent: {str(seed): read_score(job) for seed, job in jobs.items()}
         for agent, jobs in interim.evaluations.items()
     }
+    scores = {
+        agent: {seed: s for seed, (s, _) in by_seed.items()} for agent, by_seed in read.items()
+    }
+    normalized = all(n for by_seed in read.values() for _, n in by_seed.values())
+    return scores, normalized
 
 
 def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState:
@@ -167,10 +171,8 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
             f"checkpoints), {sum(map(len, interim.evaluations.values()))} evaluations",
             flush=True,
         )
-        scores = run_interim(interim, root, launcher)
-        state.normalized = state.normalized and all(
-            read_score(job)[1] for jobs in interim.evaluations.values() for job in jobs.values()
-        )
+        scores, normalized = run_interim(interim, root, launcher)
+        state.normalized = state.normalized and normalized
         state.trainings_run += len(interim.trainings)
         state.trainings_shared += interim.shared
         state.evaluations_run += sum(map(len, interim.evaluations.values()))

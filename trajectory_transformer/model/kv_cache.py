@@ -259,7 +259,6 @@ class SharedPrefixKVCache:
         self.layout = RowLayout(groups=0, members=rows_per_prefix)
         self.prefix_length = 0
         """Positions [0, prefix_length) are shared; set by the last prefix write."""
-        self.mask = mask
         # The same mask as an additive bias, for the attention after the prefix.
         self._bias = (
             None

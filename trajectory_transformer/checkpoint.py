@@ -52,7 +52,9 @@ def build_payload(
     dataset: DatasetInfo,
     config: dict,
     training: dict | None,
+    validation: dict | None = None,
 ) -> dict:
+    """`validation`: the held-out episodes (fraction, seed, indices), when there are any."""
     return {
         "format_version": FORMAT_VERSION,
         "model_config": asdict(model.config),
@@ -61,6 +63,7 @@ def build_payload(
         "dataset": dataset.to_dict(),
         "config": config,
         "training": training,
+        "validation": validation,
     }
 
 
@@ -139,10 +142,15 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
 
 
 def check_compatible(
-    payload: dict, model_config: GPTConfig, dataset: DatasetInfo, dataset_config: dict
+    payload: dict,
+    model_config: GPTConfig,
+    dataset: DatasetInfo,
+    dataset_config: dict,
+    validation: dict | None = None,
 ) -> None:
     """Refuse to resume a checkpoint made for another dataset, other training targets (discount,
-    terminal penalty, discretizer) or another model shape, listing everything that differs."""
+    terminal penalty, discretizer), another model shape or another validation split, listing
+    everything that differs."""
     differences = []
 
     def compare(name: str, saved: object, now: object) -> None:
@@ -164,6 +172,8 @@ def check_compatible(
     compare("dataset.n_bins", saved_model.get("n_bins"), dataset_config["n_bins"])
     saved_decoding = payload["discretizer"].get("bin_values", "midpoint")  # format 1: midpoints
     compare("dataset.bin_values", saved_decoding, dataset_config["bin_values"])
+    saved_split = (payload.get("validation") or {}).get("episodes", [])
+    compare("validation episodes", saved_split, (validation or {}).get("episodes", []))
     if differences:
         raise CheckpointError(
             "the checkpoint was made with other settings:\n  "

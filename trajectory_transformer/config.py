@@ -45,6 +45,12 @@ class DatasetConfig:
     """What a token decodes to: `mean`, the mean of the training values in its bin (a point
     mass such as a saturated action or a zero reward gets a bin of its own), or `midpoint` of
     the bin's edges, as the original code did."""
+    validation_fraction: float | None = None
+    """Episodes held out, whole, for the validation loss. None: 0.1 when training runs to the
+    stopping rule (no `trainer.max_steps` or `trainer.epochs`), else none."""
+    validation_seed: int = 0
+    """Seed of the held-out episodes' choice, the same whatever the training seed; recorded in
+    the checkpoint."""
 
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is
@@ -93,8 +99,13 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    planner: PlannerSchema = field(default_factory=PlannerSchema)  # type: ignore[valid-type]
+    """The planner of the evaluations during training (`trainer.eval_every`)."""
     seed: int = 0
     """Seed of parameters, batch order and dropout."""
+    distributed_timeout_s: float = 900.0
+    """Under torchrun: how long a rank waits for the others in a collective before it fails
+    with an error (a rank that died); waiting for rank 0's planner evaluation is exempt."""
     device: str = "auto"
     """`auto` (cuda when available), `cpu`, `cuda`, `cuda:1`, ..."""
     resume: str | None = None

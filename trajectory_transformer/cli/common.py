@@ -24,6 +24,7 @@ from trajectory_transformer.config import (
     PlannerSchema,
     TrainConfig,
 )
+from trajectory_transformer.data import pendulum
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.rollout.envs import EnvMismatchError
 from trajectory_transformer.training.trainer import TrainerConfig
@@ -51,7 +52,14 @@ def register_configs() -> None:
     cs.store(group="planner", name="planner_schema", node=PlannerSchema)
 
 
+def demo_budget(dataset_id: str, steps: int) -> int | None:
+    """`${demo_budget:${dataset.id},1500}`: the demo's fixed step budget on the embedded
+    Pendulum datasets, None (the stopping rule) on every other dataset."""
+    return int(steps) if pendulum.is_embedded(dataset_id) else None
+
+
 register_configs()
+OmegaConf.register_new_resolver("demo_budget", demo_budget, replace=True)
 
 
 def reject_unknown_keys(cfg: Any, prefix: str = "") -> None:

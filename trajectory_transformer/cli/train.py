@@ -1,4 +1,8 @@
-"""`tt-train`: fit a Trajectory Transformer to a Minari dataset and write checkpoint.pt."""
+"""`tt-train`: fit a Trajectory Transformer to a Minari dataset and write checkpoint.pt.
+
+Under `torchrun --nproc-per-node=N -m trajectory_transformer.train ...` every process runs
+this, joins the process group, and trains its share of each batch; rank 0 alone prints,
+logs and writes checkpoints."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import (
     build_payload,
@@ -30,7 +34,14 @@ from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.diagnostics import dimension_names
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
-from trajectory_transformer.training.trainer import Trainer
+from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.rollout import check_env_matches, evaluate, make_vector_env
+from trajectory_transformer.training.distributed import Distributed, launched_by_torchrun
+from trajectory_transformer.training.trainer import EvaluateFn, Trainer
+
+IN_TRAINING_EVAL_SEED = 10_000
+"""First episode seed of the evaluations during training: apart from tt-eval's default seeds
+(0, 1, ...), so that best.pt is not chosen on the episodes that tt-eval then scores."""
 
 ROUND_TRIP_WARNING = 0.1
 """Round-trip error, in standard deviations of a dimension, above which tt-train warns."""
@@ -98,19 +109,87 @@ def interrupted_message(trainer: Trainer, checkpoint: Path, resumed_from: str | 
     )
 
 
-def train(cfg: TrainConfig) -> Path:
+def validation_fraction(cfg: TrainConfig) -> float:
+    """The configured fraction, or by default 0.1 where the stopping rule needs one."""
+    if cfg.dataset.validation_fraction is not None:
+        return cfg.dataset.validation_fraction
+    fixed_length = cfg.trainer.max_steps is not None or cfg.trainer.epochs is not None
+    return 0.0 if fixed_length else 0.1
+
+
+def planner_evaluation(
+    cfg: TrainConfig, discretizer: Discretizer, info, config: dict, device: torch.device
+) -> tuple[EvaluateFn, object]:
+    """The evaluation that the trainer calls every `trainer.eval_every` steps, and its env."""
+    settings = OmegaConf.to_container(cfg.planner, resolve=True)
+    if settings.get("discount") is None:
+        settings["discount"] = cfg.dataset.discount
+    episodes = cfg.trainer.eval_episodes
+    env = make_vector_env(info, min(episodes, 10), cfg.dataset.env_id)
+    check_env_matches(info, env)
+
+    def play(model: TrajectoryGPT) -> tuple[float, dict]:
+        planner = BeamPlanner(
+            model,
+            discretizer,
+            device=device,
+            action_low=info.action_low,
+            action_high=info.action_high,
+            dataset=info,
+            training_config=config,
+            **settings,
+        )
+        result = evaluate(
+            planner,
+            env,
+            episodes,
+            seed=IN_TRAINING_EVAL_SEED,
+            ref_scores=(info.ref_min_score, info.ref_max_score),
+            progress=False,
+        ).summary()
+        metrics = {"eval/return": result["return_mean"]}
+        score = result["return_mean"]
+        if result["normalized_score_mean"] is not None:
+            score = metrics["eval/normalized_score"] = result["normalized_score_mean"]
+        return score, metrics
+
+    return play, env
+
+
+def train(cfg: TrainConfig) -> Path | None:
+    dist = Distributed.single()
+    if launched_by_torchrun():
+        dist = Distributed.from_environment(resolve_device(cfg.device), cfg.distributed_timeout_s)
+    try:
+        return train_on(cfg, dist)
+    finally:
+        dist.close()
+
+
+def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    device = resolve_device(cfg.device)
+    device = dist.device(resolve_device(cfg.device))
     config = to_container(cfg)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)  # the same initial parameters on every rank
+    say = print if dist.is_main else (lambda *args, **kwargs: None)
 
     episodes, info = load_episodes(cfg.dataset.id, cfg.dataset.download, cfg.dataset.env_id)
-    transitions = joint_transitions(episodes, cfg.dataset.discount, cfg.dataset.terminal_penalty)
-    print(
+    say(
         f"dataset {info.dataset_id}: {info.num_episodes} episodes, {info.num_transitions} "
         f"transitions, obs {info.observation_dim} dims, act {info.action_dim} dims, "
         f"mean return {episodes.episode_returns().mean():.1f}"
     )
+    fraction = validation_fraction(cfg)
+    held_out, split = None, None
+    if fraction > 0:
+        seed = cfg.dataset.validation_seed
+        episodes, held_out, indices = episodes.split(fraction, seed)
+        split = {"fraction": fraction, "seed": seed, "episodes": indices.tolist()}
+        say(
+            f"validation: {held_out.num_episodes} episodes ({held_out.num_transitions} "
+            f"transitions) held out with seed {seed}; training on {episodes.num_episodes}"
+        )
+    transitions = joint_transitions(episodes, cfg.dataset.discount, cfg.dataset.terminal_penalty)
 
     resume = read_payload(cfg.resume) if cfg.resume else None
     if resume is not None:
@@ -120,7 +199,8 @@ def train(cfg: TrainConfig) -> Path:
             transitions, cfg.dataset.n_bins, cfg.dataset.discretizer, cfg.dataset.bin_values
         )
     names = dimension_names(info.observation_dim, info.action_dim, info.eval_env_id)
-    describe_discretizer(discretizer, transitions, names)
+    if dist.is_main:
+        describe_discretizer(discretizer, transitions, names)
 
     model_config = GPTConfig(
         observation_dim=info.observation_dim,
@@ -129,37 +209,66 @@ def train(cfg: TrainConfig) -> Path:
         **config["model"],
     )
     if resume is not None:
-        check_compatible(resume, model_config, info, config["dataset"])
-    windows = TokenWindows(
-        transitions, episodes.lengths, discretizer, model_config.sequence_transitions
-    )
+        check_compatible(resume, model_config, info, config["dataset"], split)
+    sequence = model_config.sequence_transitions
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, sequence)
+    validation = None
+    if held_out is not None:
+        held_out_transitions = joint_transitions(
+            held_out, cfg.dataset.discount, cfg.dataset.terminal_penalty
+        )
+        validation = TokenWindows(held_out_transitions, held_out.lengths, discretizer, sequence)
     model = TrajectoryGPT(model_config).to(device)
+    if dist.rank > 0:
+        torch.manual_seed(cfg.seed + dist.rank)  # dropout masks of its own on every rank
     checkpoint_path = run_dir / "checkpoint.pt"
 
-    def save(training_state: dict) -> Path:
-        payload = build_payload(model, discretizer, info, config, training_state)
-        return save_atomic(payload, checkpoint_path)
+    def save(training_state: dict, name: str = checkpoint_path.name) -> Path:
+        payload = build_payload(model, discretizer, info, config, training_state, split)
+        return save_atomic(payload, run_dir / name)
 
-    log, wandb_run = make_wandb_logger(cfg, config, run_dir)
-    trainer = Trainer(model, windows, cfg.trainer, save, seed=cfg.seed, log=log)
+    play, env = None, None
+    if cfg.trainer.eval_every is not None and dist.is_main:
+        play, env = planner_evaluation(cfg, discretizer, info, config, device)
+    log, wandb_run = make_wandb_logger(cfg, config, run_dir) if dist.is_main else (None, None)
+    trainer = Trainer(
+        model,
+        windows,
+        cfg.trainer,
+        save,
+        seed=cfg.seed,
+        log=log,
+        validation=validation,
+        evaluate=play,
+        dist=dist,
+    )
     if resume is not None:
         model.load_state_dict(resume["model"])
         trainer.load_state(resume["training"])
-        print(f"resumed from {cfg.resume} at step {trainer.step}/{trainer.total_steps}")
-    print(
+        say(f"resumed from {cfg.resume} at step {trainer.step}/{trainer.total_steps}")
+    length = f"{trainer.total_steps} steps planned ({trainer.epochs} epochs of "
+    if trainer.stopping_rule:
+        length = (
+            f"until the validation loss stalls for {cfg.trainer.patience} validations, at most "
+            f"{trainer.total_steps} steps ({trainer.epochs} epochs of "
+        )
+    ranks = f" x {dist.world_size} ranks" if dist.active else ""
+    say(
         f"model: {model.num_parameters():,} parameters, block {model_config.block_size} tokens; "
-        f"{trainer.total_steps} steps planned ({trainer.epochs} epochs of "
-        f"{trainer.steps_per_epoch} steps) on {device}; run dir {run_dir}"
+        f"{length}{trainer.steps_per_epoch} steps) on {device}{ranks}; run dir {run_dir}"
     )
     try:
         summary = trainer.train()
     except KeyboardInterrupt:
-        print(interrupted_message(trainer, checkpoint_path, cfg.resume), file=sys.stderr)
+        if dist.is_main:
+            print(interrupted_message(trainer, checkpoint_path, cfg.resume), file=sys.stderr)
         sys.exit(130)
     finally:
         if wandb_run is not None:
             wandb_run.finish()
-    print(summary.line())
+        if env is not None:
+            env.close()
+    say(summary.line())
     return summary.checkpoint
 
 

@@ -61,6 +61,35 @@ class Episodes:
         """Undiscounted return of every episode, (E,)."""
         return np.add.reduceat(self.rewards.astype(np.float64), self.starts)
 
+    def select(self, episodes: np.ndarray) -> Episodes:
+        """The given episodes (indices, in the given order) as a dataset of their own."""
+        episodes = np.asarray(episodes, dtype=np.int64)
+        starts, lengths = self.starts[episodes], self.lengths[episodes]
+        rows = np.concatenate(
+            [np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)]
+            or [np.zeros(0, dtype=np.int64)]
+        )
+        return Episodes(
+            observations=self.observations[rows],
+            actions=self.actions[rows],
+            rewards=self.rewards[rows],
+            terminated=self.terminated[rows],
+            truncated=self.truncated[rows],
+            lengths=lengths.copy(),
+            episode_ids=None if self.episode_ids is None else self.episode_ids[episodes],
+        )
+
+    def split(self, fraction: float, seed: int) -> tuple[Episodes, Episodes, np.ndarray]:
+        """(training, validation, validation episode indices): `fraction` of the episodes,
+        whole, drawn with `seed`; at least one on each side when `fraction` > 0."""
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"the validation fraction must be in [0, 1), got {fraction}")
+        E = self.num_episodes
+        count = 0 if fraction == 0 else min(max(1, round(fraction * E)), E - 1)
+        held_out = np.sort(np.random.default_rng(seed).permutation(E)[:count])
+        kept = np.setdiff1d(np.arange(E), held_out)
+        return self.select(kept), self.select(held_out), held_out
+
     def check_finite(self) -> None:
         """Refuse NaN or inf, naming the first episode that holds one."""
         for name in ("observations", "actions", "rewards"):

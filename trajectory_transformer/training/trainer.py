@@ -1,4 +1,11 @@
-"""Training loop: weighted cross-entropy, AdamW, warm-up + cosine by tokens, resumable."""
+"""Training loop: weighted cross-entropy, AdamW, warm-up + cosine by tokens, resumable.
+
+One process, or several under torchrun (`Distributed`): `batch_size` is always the global
+batch, split across the ranks, and the loss is normalised by the global batch's token count,
+so N ranks take exactly the step that one process takes on the whole batch. Optional: a
+validation split (loss per token kind, a stopping rule, `best_validation.pt`) and planner
+evaluation during training (`best.pt`).
+"""
 
 from __future__ import annotations
 
@@ -18,8 +25,15 @@ from tqdm.auto import tqdm
 
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import TrajectoryGPT
+from trajectory_transformer.training.distributed import Distributed
 
 LogFn = Callable[[dict, int], None]
+SaveFn = Callable[..., Path]  # save(training_state, name="checkpoint.pt") -> the file written
+EvaluateFn = Callable[[TrajectoryGPT], tuple[float, dict]]
+"""Plays the planner with the model; returns (score to select `best.pt` by, metrics to log)."""
+
+TOKEN_KINDS = ("observation", "action", "reward", "value")
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -43,7 +57,30 @@ class TrainerConfig:
     epochs: int | None = None
     """Explicit epoch count; overrides `reference_epochs`."""
     max_steps: int | None = None
-    """Stop after this many optimisation steps (caps the epoch-derived length)."""
+    """Train exactly this many optimisation steps (caps the epoch-derived length). Without it
+    or `epochs`, and with a validation split, training runs to the stopping rule."""
+    patience: int = 8
+    """Stopping rule: stop once this many validations in a row have not lowered the best
+    validation loss by `min_delta`; the budget from `reference_epochs` caps the run."""
+    min_delta: float = 1e-3
+    """Stopping rule: the smallest drop of the validation loss that counts as progress."""
+    schedule_epochs: float = 20.0
+    """Stopping rule: the warm-up and cosine decay span this many epochs (the original code's
+    20), then the learning rate stays at its floor; a fixed length schedules over all of it."""
+    validate_every: int = 250
+    """Steps between validation losses, when the dataset has a validation split."""
+    validation_windows: int | None = 4096
+    """Validation windows scored each time: a fixed sample (None: all of them)."""
+    eval_every: int | None = None
+    """Steps between planner evaluations in the environment (None: none); the best-scoring
+    step is kept as `best.pt`."""
+    eval_episodes: int = 10
+    """Episodes per evaluation during training."""
+    precision: str = "fp32"
+    """`fp32`, or `bf16`: autocast of the forward pass on CUDA and CPU; the loss, weights and
+    optimiser state stay float32."""
+    compile: bool = False
+    """`torch.compile` the model's training forward (the planner does not use it)."""
     observation_weight: float = 1.0
     """Loss weight of observation tokens."""
     action_weight: float = 5.0
@@ -57,6 +94,19 @@ class TrainerConfig:
     log_every: int = 50
     """Steps between progress-bar and wandb updates."""
 
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        for name in ("patience", "validate_every", "eval_episodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"trainer.{name} must be at least 1, got {getattr(self, name)}")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ValueError(
+                f"trainer.eval_every must be at least 1 or null, got {self.eval_every}"
+            )
+
 
 @dataclass
 class TrainSummary:
@@ -66,14 +116,25 @@ class TrainSummary:
     final_loss: float
     seconds: float
     tokens_per_second: float
-    checkpoint: Path
+    checkpoint: Path | None  # None on ranks other than 0, which write nothing
+    stop_reason: str
+    best_validation: tuple[float, int] | None = None  # (loss, step)
+    best_score: tuple[float, int] | None = None  # (score, step)
 
     def line(self) -> str:
-        return (
+        text = (
             f"trained {self.steps} steps ({self.epochs:.2f} epochs over {self.windows} "
             f"windows) in {self.seconds:.1f} s | final loss {self.final_loss:.4f} | "
-            f"{self.tokens_per_second:,.0f} tokens/s | checkpoint {self.checkpoint}"
+            f"{self.tokens_per_second:,.0f} tokens/s | checkpoint {self.checkpoint}\n"
+            f"stopped: {self.stop_reason}"
         )
+        if self.best_validation is not None:
+            loss, step = self.best_validation
+            text += f"\nbest validation loss {loss:.4f} at step {step}: best_validation.pt"
+        if self.best_score is not None:
+            score, step = self.best_score
+            text += f"\nbest planner score {score:.1f} at step {step}: best.pt"
+        return text
 
 
 def loss_weights(model: TrajectoryGPT, cfg: TrainerConfig) -> torch.Tensor:
@@ -88,14 +149,32 @@ def loss_weights(model: TrajectoryGPT, cfg: TrainerConfig) -> torch.Tensor:
     return per_dim[target_dims]
 
 
+def token_kinds(model: TrajectoryGPT) -> torch.Tensor:
+    """Kind of each target position of a block (block_size - 1,): an index into TOKEN_KINDS."""
+    mc = model.config
+    per_dim = torch.tensor([0] * mc.observation_dim + [1] * mc.action_dim + [2, 3])
+    return per_dim[torch.arange(1, mc.block_size) % mc.transition_dim]
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every target token (B, S), in float32 whatever the logits' dtype."""
+    ce = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+    return ce.view_as(targets)
+
+
 def weighted_loss(
-    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    weights: torch.Tensor,
+    token_count: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Cross-entropy per token, times its dimension's weight, averaged over unpadded tokens."""
-    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
-    ce = ce.view_as(targets)  # (B, S)
+    """Cross-entropy per token, times its dimension's weight, averaged over unpadded tokens:
+    this batch's, or `token_count` of them (the global batch's, when ranks share one)."""
+    ce = token_cross_entropy(logits, targets)  # (B, S)
     mask = mask.to(ce.dtype)
-    return (ce * weights[: ce.shape[1]] * mask).sum() / mask.sum().clamp_min(1.0)
+    count = mask.sum() if token_count is None else token_count
+    return (ce * weights[: ce.shape[1]] * mask).sum() / count.clamp_min(1.0)
 
 
 def learning_rate(cfg: TrainerConfig, tokens_seen: float, planned_tokens: float) -> float:
@@ -123,14 +202,20 @@ def planned_steps(cfg: TrainerConfig, windows: int) -> tuple[int, int]:
 
 
 class Trainer:
-    """Trains `model` on `windows`; `save(training_state)` persists a checkpoint; `seed` seeds
-    the order of the batches.
+    """Trains `model` on `windows`; `save(training_state, name)` persists a checkpoint; `seed`
+    seeds the order of the batches.
+
+    `validation` (windows of held-out episodes) adds a validation loss every
+    `validate_every` steps, `best_validation.pt`, and, without a fixed length, the stopping
+    rule. `evaluate` (called on rank 0 only) adds planner scores every `eval_every` steps and
+    `best.pt`. `dist` describes the ranks when torchrun started several.
 
     Ctrl-C is safe at any moment. The first one stops the run after the step in progress and
     writes a checkpoint. A second one stops at once: a step whose update has not begun is
     dropped (resume redoes it), one being applied is finished first, so a checkpoint never
     holds half a step. A Ctrl-C during a save aborts that save only; the file written before
-    it stays as it was (saves are atomic).
+    it stays as it was (saves are atomic). Under torchrun, a stop requested on any rank stops
+    every rank after the same step.
     """
 
     def __init__(
@@ -138,42 +223,96 @@ class Trainer:
         model: TrajectoryGPT,
         windows: TokenWindows,
         cfg: TrainerConfig,
-        save: Callable[[dict], Path],
+        save: SaveFn,
         seed: int = 0,
         log: LogFn | None = None,
         progress: bool = True,
+        validation: TokenWindows | None = None,
+        evaluate: EvaluateFn | None = None,
+        dist: Distributed | None = None,
     ) -> None:
         self.model = model
         self.windows = windows
         self.cfg = cfg
         self.save = save
-        self.log = log
-        self.progress = progress
+        self.dist = dist or Distributed.single()
+        self.log = log if self.dist.is_main else None
+        self.progress = progress and self.dist.is_main
+        self.validation = validation if validation is not None and len(validation) else None
+        if cfg.eval_every is not None and evaluate is None and self.dist.is_main:
+            raise ValueError("trainer.eval_every needs an `evaluate` function to call")
+        self.evaluate = evaluate  # rank 0's; the other ranks wait while it plays
         self.device = next(model.parameters()).device
-        self.optimizer = model.configure_optimizer(cfg.learning_rate, cfg.weight_decay, cfg.betas)
+        self.forward = self._training_forward(model)
+        self.optimizer = model.configure_optimizer(
+            cfg.learning_rate, cfg.weight_decay, cfg.betas, fused=self.device.type == "cuda"
+        )
         self.weights = loss_weights(model, cfg).to(self.device)
+        self.kinds = token_kinds(model).to(self.device)
         self.epochs, self.total_steps = planned_steps(cfg, len(windows))
         self.steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
-        self.tokens_per_step = cfg.batch_size * (model.config.block_size - 1)
-        self.planned_tokens = float(self.total_steps * self.tokens_per_step)
+        self.tokens_per_window = model.config.block_size - 1
+        self.tokens_per_step = cfg.batch_size * self.tokens_per_window
+        self.stopping_rule = (
+            cfg.max_steps is None and cfg.epochs is None and self.validation is not None
+        )
+        scheduled_steps = self.total_steps
+        if self.stopping_rule:
+            schedule = math.ceil(cfg.schedule_epochs * self.steps_per_epoch)
+            scheduled_steps = min(scheduled_steps, schedule)
+        self.planned_tokens = float(scheduled_steps * self.tokens_per_step)
         # Batch order comes from its own generator. Its state at the start of the current epoch
         # is kept and saved, so a resumed run draws the same permutation and skips the batches
         # already done. Dropout draws from torch's global generator, which the caller seeded
-        # before building the model.
+        # before building the model. Every rank draws the same global order.
         self.order_generator = torch.Generator().manual_seed(seed)
         self.step = 0
         self.epoch = 0
         self.step_in_epoch = 0
         self.tokens_seen = 0.0
         self.last_loss = float("nan")
+        self.best_validation: tuple[float, int] | None = None
+        self.validations_since_best = 0
+        self.best_score: tuple[float, int] | None = None
         self.saved_step: int | None = None  # step of the last checkpoint written by `train`
         self._epoch_generator_state = self.order_generator.get_state()
         self._order: torch.Tensor | None = None
         self._order_epoch = -1
+        self._validation_ids = self._validation_sample()
         self._rng_at_step_start: dict | None = None  # set while a step is in progress
         self._interrupted = False
         self._applying = False  # a step's update is being applied: a Ctrl-C waits for it
         self._abort_after_update = False
+
+    def _training_forward(self, model: TrajectoryGPT) -> torch.nn.Module:
+        """The module that training calls: DDP around the model across ranks, compiled if
+        asked. The model itself stays as it is, for saving and for the planner."""
+        forward: torch.nn.Module = model
+        if self.dist.active:
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device] if self.device.type == "cuda" else None
+            forward = DistributedDataParallel(model, device_ids=ids)
+        if self.cfg.compile:
+            forward = torch.compile(forward)
+        return forward
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dtype = PRECISIONS[self.cfg.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def _validation_sample(self) -> torch.Tensor | None:
+        """The validation windows scored each time: the same fixed sample throughout a run."""
+        if self.validation is None:
+            return None
+        ids = torch.arange(len(self.validation))
+        limit = self.cfg.validation_windows
+        if limit is not None and limit < len(ids):
+            chosen = torch.randperm(len(ids), generator=torch.Generator().manual_seed(0))
+            ids = chosen[:limit].sort().values
+        return self.dist.share(ids)
 
     # -- state ---------------------------------------------------------------------------
     def _rng_state(self) -> dict:
@@ -183,8 +322,11 @@ class Trainer:
         return state
 
     def state(self, finished: bool = False) -> dict:
-        """Everything needed to resume, as of the last completed step."""
-        return {
+        """Everything needed to resume, as of the last completed step. Under torchrun every
+        rank calls it together: it gathers each rank's dropout generator."""
+        # A step that was dropped half-way has drawn dropout masks; resume redraws them.
+        rng = self._rng_at_step_start or self._rng_state()
+        state = {
             "step": self.step,
             "epoch": self.epoch,
             "step_in_epoch": self.step_in_epoch,
@@ -194,9 +336,14 @@ class Trainer:
             "finished": finished,
             "optimizer": self.optimizer.state_dict(),
             "epoch_generator_state": self._epoch_generator_state,
-            # A step that was dropped half-way has drawn dropout masks; resume redraws them.
-            **(self._rng_at_step_start or self._rng_state()),
+            "best_validation": self.best_validation,
+            "validations_since_best": self.validations_since_best,
+            "best_score": self.best_score,
+            **rng,
         }
+        if self.dist.active:
+            state["rank_rng_states"] = self.dist.gather(rng)
+        return state
 
     def load_state(self, state: dict) -> None:
         if state["total_steps"] != self.total_steps:
@@ -212,9 +359,24 @@ class Trainer:
         self.last_loss = state["last_loss"]
         self._epoch_generator_state = state["epoch_generator_state"]
         self._order = None
-        torch.set_rng_state(state["torch_rng_state"])
-        if "cuda_rng_state" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng_state"])
+        best = state.get("best_validation")
+        self.best_validation = None if best is None else (float(best[0]), int(best[1]))
+        self.validations_since_best = state.get("validations_since_best", 0)
+        best = state.get("best_score")
+        self.best_score = None if best is None else (float(best[0]), int(best[1]))
+        ranks = state.get("rank_rng_states") or [state]
+        if len(ranks) != self.dist.world_size and self.dist.is_main:
+            print(
+                f"note: the checkpoint was written by {len(ranks)} rank(s), this run has "
+                f"{self.dist.world_size}: the batches and the updates continue as they were, "
+                "the dropout masks of the new ranks are drawn afresh",
+                file=sys.stderr,
+            )
+        if self.dist.rank < len(ranks):
+            rng = ranks[self.dist.rank]
+            torch.set_rng_state(rng["torch_rng_state"])
+            if "cuda_rng_state" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda_rng_state"])
 
     # -- loop ----------------------------------------------------------------------------
     def _epoch_order(self) -> torch.Tensor:
@@ -238,14 +400,18 @@ class Trainer:
             raise KeyboardInterrupt
 
     def train_step(self, window_ids: torch.Tensor) -> torch.Tensor:
-        """One optimisation step on the given windows; returns the loss (on the device)."""
+        """One optimisation step on the given (global) batch of windows; returns this rank's
+        share of the loss (on the device; the ranks' shares sum to the batch's loss)."""
         self._rng_at_step_start = self._rng_state()
-        tokens, mask = self.windows.batch(window_ids)
+        tokens, mask = self.windows.batch(self.dist.share(window_ids))
         tokens, mask = tokens.to(self.device), mask.to(self.device)
-        logits = self.model(tokens[:, :-1])  # (B, S - 1, N)
-        loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights)
+        token_count = self.dist.sum_(mask[:, 1:].sum(dtype=torch.float32))
+        with self._autocast():
+            logits = self.forward(tokens[:, :-1])  # (B, S - 1, N)
+        loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights, token_count)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        # DDP averages the ranks' gradients; each share is already over the global count.
+        (loss * self.dist.world_size if self.dist.active else loss).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         # Until here nothing of the run's state has changed; from here it changes as a whole.
         with self._applied_whole():
@@ -253,7 +419,7 @@ class Trainer:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
-            self.tokens_seen += tokens.shape[0] * (tokens.shape[1] - 1)
+            self.tokens_seen += len(window_ids) * self.tokens_per_window
             self.step += 1
             self.step_in_epoch += 1
             if self.step_in_epoch == self.steps_per_epoch:
@@ -263,6 +429,56 @@ class Trainer:
                 self.step_in_epoch = 0
             self._rng_at_step_start = None
         return loss.detach()
+
+    @torch.no_grad()
+    def validate(self) -> dict[str, float]:
+        """Validation loss (weighted as in training) and mean cross-entropy per token kind,
+        over the fixed validation sample, summed over the ranks' parts. Draws no random
+        numbers (dropout is off), so it leaves a run's course unchanged."""
+        assert self.validation is not None and self._validation_ids is not None
+        self.model.eval()
+        kinds = len(TOKEN_KINDS)
+        # Per kind: summed cross-entropy, token count; then the weighted sum.
+        sums = torch.zeros(2 * kinds + 1, dtype=torch.float64, device=self.device)
+        try:
+            for ids in self._validation_ids.split(self.cfg.batch_size):
+                tokens, mask = self.validation.batch(ids)
+                tokens, mask = tokens.to(self.device), mask.to(self.device)
+                with self._autocast():
+                    logits = self.model(tokens[:, :-1])
+                ce = token_cross_entropy(logits, tokens[:, 1:])  # (B, S)
+                mask = mask[:, 1:].to(ce.dtype)
+                kind = self.kinds[: ce.shape[1]].expand_as(ce)
+                sums[:kinds] += torch.zeros(kinds, device=self.device).index_add_(
+                    0, kind.flatten(), (ce * mask).flatten()
+                )
+                sums[kinds : 2 * kinds] += torch.bincount(
+                    kind.flatten(), weights=mask.flatten(), minlength=kinds
+                )
+                sums[-1] += (ce * self.weights[: ce.shape[1]] * mask).sum()
+        finally:
+            self.model.train()
+        sums = self.dist.sum_(sums).cpu()
+        counts = sums[kinds : 2 * kinds]
+        metrics = {"val/loss": float(sums[-1] / counts.sum().clamp_min(1.0))}
+        for i, name in enumerate(TOKEN_KINDS):
+            metrics[f"val/{name}_ce"] = float(sums[i] / counts[i].clamp_min(1.0))
+        return metrics
+
+    def _evaluate_planner(self) -> tuple[float, dict] | None:
+        """Rank 0 plays the planner; the others wait for it however long it takes."""
+        result = None
+        if self.dist.is_main:
+            rng = self._rng_state()  # the planner's sampling must not move training's dropout
+            try:
+                result = self.evaluate(self.model.eval())
+            finally:
+                torch.set_rng_state(rng["torch_rng_state"])
+                if "cuda_rng_state" in rng:
+                    torch.cuda.set_rng_state_all(rng["cuda_rng_state"])
+                self.model.train()
+        self.dist.wait_for_main()
+        return self.dist.from_main(result)
 
     def request_stop(self) -> None:
         """Stop at the next step boundary: write a checkpoint, then raise KeyboardInterrupt."""
@@ -276,11 +492,12 @@ class Trainer:
         def handler(signum, frame):
             if not self._interrupted:
                 self.request_stop()
-                print(
-                    "\nstopping after this step to write a checkpoint (Ctrl-C again: at once)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                if self.dist.is_main:
+                    print(
+                        "\nstopping after this step to write a checkpoint (Ctrl-C again: at once)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             elif self._applying:
                 self._abort_after_update = True
             else:
@@ -288,10 +505,63 @@ class Trainer:
 
         return signal.signal(signal.SIGINT, handler)
 
-    def _save(self, finished: bool = False) -> Path:
-        path = self.save(self.state(finished=finished))
-        self.saved_step = self.step
+    def _save(self, finished: bool = False, name: str = "checkpoint.pt") -> Path | None:
+        """Every rank calls this together; rank 0 writes."""
+        state = self.state(finished=finished)
+        path = None
+        if self.dist.is_main:
+            path = self.save(state) if name == "checkpoint.pt" else self.save(state, name)
+        if name == "checkpoint.pt":
+            self.saved_step = self.step
         return path
+
+    def _after_step(
+        self, loss: torch.Tensor, start_time: float, start_tokens: float, bar
+    ) -> str | None:
+        """Logging, validation, evaluation and checkpoints after a step; returns why training
+        stops now, or None."""
+        cfg, metrics = self.cfg, {}
+        if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+            # The only host sync, every log_every steps.
+            self.last_loss = float(self.dist.sum_(loss.clone()))
+            rate = (self.tokens_seen - start_tokens) / (time.perf_counter() - start_time)
+            bar.set_postfix(loss=f"{self.last_loss:.4f}", tok_s=f"{rate:,.0f}")
+            lr = self.optimizer.param_groups[0]["lr"]
+            metrics |= {"train/loss": self.last_loss, "train/lr": lr}
+            metrics |= {"train/tokens_per_s": rate, "train/epoch": self.epoch}
+        stop = None
+        if self.validation is not None and (
+            self.step % cfg.validate_every == 0 or self.step == self.total_steps
+        ):
+            validation = self.validate()
+            metrics |= validation
+            bar.set_postfix(loss=f"{self.last_loss:.4f}", val=f"{validation['val/loss']:.4f}")
+            best = self.best_validation
+            if best is None or validation["val/loss"] < best[0] - cfg.min_delta:
+                self.best_validation = (validation["val/loss"], self.step)
+                self.validations_since_best = 0
+                self._save(name="best_validation.pt")
+            else:
+                self.validations_since_best += 1
+                if self.stopping_rule and self.validations_since_best >= cfg.patience:
+                    stop = (
+                        f"the validation loss has not improved by {cfg.min_delta} for "
+                        f"{cfg.patience} validations ({cfg.patience * cfg.validate_every} steps)"
+                    )
+        if (
+            cfg.eval_every is not None
+            and (self.step % cfg.eval_every == 0 or self.step == self.total_steps or stop)
+        ):
+            score, scores = self._evaluate_planner()
+            metrics |= scores
+            if self.best_score is None or score > self.best_score[0]:
+                self.best_score = (score, self.step)
+                self._save(name="best.pt")
+        if metrics and self.log is not None:
+            self.log(metrics, self.step)
+        if stop is None and self.step % cfg.checkpoint_every == 0 and self.step < self.total_steps:
+            self._save()
+        return stop
 
     def train(self) -> TrainSummary:
         self.model.train()
@@ -304,28 +574,25 @@ class Trainer:
             dynamic_ncols=True,
         )
         loss = None
+        if self.stopping_rule and self.step < self.total_steps:
+            stop_reason = f"the budget of {self.total_steps} steps was reached"
+        else:
+            stop_reason = f"all {self.total_steps} planned steps were taken"
         previous_handler = self._catch_interrupt()
         try:
             while self.step < self.total_steps:
-                if self._interrupted:
+                if self.dist.any(self._interrupted):
                     raise KeyboardInterrupt
                 first = self.step_in_epoch * self.cfg.batch_size
                 loss = self.train_step(self._epoch_order()[first : first + self.cfg.batch_size])
                 bar.update(1)
-                if self.step % self.cfg.log_every == 0 or self.step == self.total_steps:
-                    self.last_loss = float(loss)  # the only host sync, every log_every steps
-                    rate = (self.tokens_seen - start_tokens) / (time.perf_counter() - start_time)
-                    bar.set_postfix(loss=f"{self.last_loss:.4f}", tok_s=f"{rate:,.0f}")
-                    if self.log is not None:
-                        lr = self.optimizer.param_groups[0]["lr"]
-                        metrics = {"train/loss": self.last_loss, "train/lr": lr}
-                        metrics |= {"train/tokens_per_s": rate, "train/epoch": self.epoch}
-                        self.log(metrics, self.step)
-                if self.step % self.cfg.checkpoint_every == 0 and self.step < self.total_steps:
-                    self._save()
+                stop = self._after_step(loss, start_time, start_tokens, bar)
+                if stop is not None:
+                    stop_reason = stop
+                    break
         except KeyboardInterrupt:
             if loss is not None:
-                self.last_loss = float(loss)  # of the last completed step
+                self.last_loss = float(self.dist.sum_(loss.clone()))  # the last completed step
             self._save()  # the last completed step; a further Ctrl-C aborts only this save
             raise
         finally:
@@ -333,7 +600,7 @@ class Trainer:
             if previous_handler is not None:
                 signal.signal(signal.SIGINT, previous_handler)
         if loss is not None:
-            self.last_loss = float(loss)
+            self.last_loss = float(self.dist.sum_(loss.clone()))
         path = self._save(finished=True)
         seconds = time.perf_counter() - start_time
         return TrainSummary(
@@ -344,4 +611,7 @@ class Trainer:
             seconds=seconds,
             tokens_per_second=(self.tokens_seen - start_tokens) / max(seconds, 1e-9),
             checkpoint=path,
+            stop_reason=stop_reason,
+            best_validation=self.best_validation,
+            best_score=self.best_score,
         )

@@ -31,6 +31,7 @@ def test_every_dataset_config_is_there():
         for env in ("halfcheetah", "hopper", "walker2d")
         for q in ("simple", "medium", "expert")
     }
+    expected |= {"reacher-medium"}
     assert set(DATASET_CONFIGS) == expected
 
 
@@ -38,8 +39,8 @@ def test_every_dataset_config_is_there():
 def test_every_dataset_config_composes(name):
     cfg = compose_train(f"dataset={name}")
     env, _, quality = name.partition("-")
-    if env == "pendulum":
-        assert cfg.dataset.id == f"pendulum/{quality}-v0"
+    if env in ("pendulum", "reacher"):  # embedded datasets
+        assert cfg.dataset.id == f"{env}/{quality}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
     else:
         assert cfg.dataset.id == f"mujoco/{env}/{quality}-v0"

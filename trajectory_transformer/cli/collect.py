@@ -1,4 +1,5 @@
-"""`tt-collect`: build the embedded Pendulum datasets into the local Minari folder."""
+"""`tt-collect`: build embedded datasets (by default the Pendulum suite) into the local Minari
+folder."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors
-from trajectory_transformer.data import pendulum
+from trajectory_transformer.data import embedded
 from trajectory_transformer.data.minari_source import DatasetError, episodes_from_minari
 from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
 
@@ -14,14 +15,14 @@ from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
 @hydra.main(config_path=CONFIG_DIR, config_name="collect", version_base="1.3")
 @friendly_errors
 def main(cfg: DictConfig) -> None:
-    unknown = [d for d in cfg.datasets if not pendulum.is_embedded(d)]
+    unknown = [d for d in cfg.datasets if not embedded.is_embedded(d)]
     if unknown:
         raise DatasetError(
             f"not embedded datasets: {', '.join(unknown)}; tt-collect builds "
-            f"{', '.join(pendulum.EMBEDDED_DATASETS)}."
+            f"{', '.join(embedded.EMBEDDED_DATASETS)}."
         )
     for dataset_id in cfg.datasets:
-        dataset = pendulum.build_embedded_dataset(
+        dataset = embedded.build_embedded_dataset(
             dataset_id, overwrite=cfg.overwrite, episodes=cfg.episodes, seed=cfg.seed
         )
         returns = episodes_from_minari(dataset).episode_returns()

@@ -62,6 +62,21 @@ def test_any_minari_id_can_be_named_directly():
     assert cfg.dataset.id == "D4RL/door/human-v2" and cfg.dataset.download is True
 
 
+def test_the_demo_budget_applies_to_the_demo_datasets_only():
+    from trajectory_transformer.cli.train import validation_fraction
+
+    demo = compose_train()
+    assert demo.trainer.max_steps == 1500 and validation_fraction(demo) == 0.0
+    other = compose_train("dataset.id=mujoco/hopper/medium-v0")
+    assert other.trainer.max_steps is None and validation_fraction(other) == 0.1
+    fixed = compose_train("dataset.id=mujoco/hopper/medium-v0", "trainer.max_steps=300")
+    assert fixed.trainer.max_steps == 300 and validation_fraction(fixed) == 0.0
+    chosen = compose_train("dataset.validation_fraction=0.05")
+    assert chosen.trainer.max_steps == 1500 and validation_fraction(chosen) == 0.05
+    paper = compose_train("dataset=hopper-medium")
+    assert paper.trainer.max_steps is None and validation_fraction(paper) == 0.1
+
+
 @pytest.mark.parametrize(
     "override", ["trainer.learning_rat=1e-3", "+model.width=3", "+bogus=1", "bogus=1"]
 )

@@ -159,7 +159,8 @@ def check_compatible(
 
     saved_model = payload["model_config"]
     for key, value in asdict(model_config).items():
-        compare(f"model.{key}", saved_model.get(key), value)
+        if key not in GPTConfig.EXECUTION_FIELDS:  # how training runs may change on resume
+            compare(f"model.{key}", saved_model.get(key), value)
     saved_data = payload["dataset"]
     for key in ("dataset_id", "observation_dim", "action_dim", "num_transitions"):
         compare(f"dataset.{key}", saved_data.get(key), getattr(dataset, key))

@@ -11,6 +11,7 @@ matrix products.
 
 from __future__ import annotations
 
+import functools
 import math
 import typing
 from collections.abc import Callable
@@ -19,6 +20,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from trajectory_transformer.model import native
 from trajectory_transformer.model.kv_cache import KVCache, SharedPrefixKVCache
@@ -42,9 +48,22 @@ class GPTConfig:
     """Width of the residual stream."""
     dropout: float = 0.1
     """Dropout on embeddings, attention weights and residual branches."""
+    activation_checkpointing: str = "none"
+    """Training memory for time: `none` keeps every activation for the backward pass; `full`
+    keeps only each checkpointed block's input and reruns its forward during backward;
+    `selective` also keeps the matrix-product and attention outputs and reruns only the
+    cheap pointwise ops. Same loss and gradients in every mode; planning is unaffected."""
+    checkpoint_every_n_layers: int = 1
+    """With checkpointing, checkpoint the blocks whose index is a multiple of this."""
 
     DATA_FIELDS: typing.ClassVar[tuple[str, ...]] = ("observation_dim", "action_dim", "n_bins")
     """The fields that a dataset and its discretizer fix; the others are the architecture."""
+    EXECUTION_FIELDS: typing.ClassVar[tuple[str, ...]] = (
+        "activation_checkpointing",
+        "checkpoint_every_n_layers",
+    )
+    """The fields that change how training runs, not the function or the parameters."""
+    CHECKPOINTING_MODES: typing.ClassVar[tuple[str, ...]] = ("none", "full", "selective")
 
     def __post_init__(self) -> None:
         sizes = ("observation_dim", "action_dim", "n_bins", "sequence_transitions", "n_layer")
@@ -58,6 +77,15 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.activation_checkpointing not in self.CHECKPOINTING_MODES:
+            raise ValueError(
+                f"activation_checkpointing must be one of {', '.join(self.CHECKPOINTING_MODES)}; "
+                f"got {self.activation_checkpointing!r}"
+            )
+        if self.checkpoint_every_n_layers <= 0:
+            raise ValueError(
+                f"checkpoint_every_n_layers must be positive, got {self.checkpoint_every_n_layers}"
+            )
 
     @property
     def transition_dim(self) -> int:
@@ -78,6 +106,94 @@ def trajectory_attention_mask(length: int, transition_dim: int) -> torch.Tensor:
     q, k = pos[:, None], pos[None, :]  # (S, 1), (1, S)
     earlier_value = (k % transition_dim == transition_dim - 1) & (k < q)
     return (k <= q) & ~earlier_value
+
+
+def _attention_ops() -> frozenset:
+    """The ops whose outputs `selective` checkpointing keeps: matrix products and fused
+    attention kernels (those this build has), the ops that cost time to rerun.
+
+    Not `baddbmm`: in the CPU dropout attention it makes the (B * nh, S, S) scores, the largest
+    tensor of a block (over 40% of what `selective` would keep per block at the paper's
+    shape), and redoing it is an eighth of the block's forward FLOPs.
+    """
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "addmm",
+        "bmm",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+    return frozenset(getattr(aten, name) for name in names if hasattr(aten, name))
+
+
+_KEPT_BY_SELECTIVE = _attention_ops()
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    # Pointwise ops, norms, GELU and dropout are memory-bound and cheap to redo; the products
+    # are what a recompute would pay for.
+    if op.overloadpacket in _KEPT_BY_SELECTIVE:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class _DropoutAttention(torch.autograd.Function):
+    """softmax(q k^T / sqrt(hs) + bias) with dropout, times v: what F.scaled_dot_product_attention
+    computes for a mask and dropout on the CPU, with the same dropout draws, in less memory.
+
+    With dropout the CPU has no fused kernel; SDPA's math path keeps three (B, nh, S, S)
+    float32 tensors per layer for the backward pass (the probabilities, the dropout noise and
+    the dropped probabilities). This keeps the probabilities and a one-byte keep mask. The mask
+    is drawn as SDPA draws it (one `bernoulli_` over a tensor of the probabilities' shape), so
+    under one seed both drop the same weights. Every row must keep at least one key.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, p):  # q, k, v (B, nh, S, hs); bias (S, S), 0 or -inf
+        B, nh, S, hs = q.shape
+        scale = 1.0 / math.sqrt(hs)
+        q3, k3, v3 = (t.reshape(B * nh, S, hs) for t in (q, k, v))  # (B*nh, S, hs)
+        scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=scale)  # (B*nh, S, S)
+        probs = torch.softmax(scores, dim=-1)
+        del scores
+        keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - p)
+        # The 1 / (1 - p) rescaling is applied to the small (B*nh, S, hs) side; not in place,
+        # as selective checkpointing may hold on to the product.
+        y = torch.bmm(torch.where(keep, probs, 0.0), v3) * (1.0 / (1.0 - p))  # (B*nh, S, hs)
+        ctx.save_for_backward(q3, k3, v3, probs, keep)
+        ctx.p, ctx.scale = p, scale
+        return y.view(B, nh, S, hs)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q3, k3, v3, probs, keep = ctx.saved_tensors
+        B, nh, S, hs = dy.shape
+        dy3 = dy.reshape(B * nh, S, hs) * (1.0 / (1.0 - ctx.p))
+        # where/masked_fill rather than a product: multiplying by a bool mask converts it to
+        # a float copy first.
+        dv = torch.bmm(torch.where(keep, probs, 0.0).transpose(1, 2), dy3)
+        dprobs = torch.bmm(dy3, v3.transpose(1, 2)).masked_fill_(~keep, 0.0)  # (B*nh, S, S)
+        dscores = torch.ops.aten._softmax_backward_data(dprobs, probs, -1, probs.dtype)
+        del dprobs
+        dq = torch.bmm(dscores, k3).mul_(ctx.scale)
+        dk = torch.bmm(dscores.transpose(1, 2), q3).mul_(ctx.scale)
+        shape = (B, nh, S, hs)
+        return dq.view(shape), dk.view(shape), dv.view(shape), None, None
+
+
+def dropout_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, p: float
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)` for a boolean
+    mask (S, S) and 0 < p < 1, keeping less for the backward pass (see _DropoutAttention)."""
+    with torch.autocast(q.device.type, enabled=False):  # run in the dtype q already has
+        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
+        bias.masked_fill_(~mask, float("-inf"))
+        k, v = k.to(q.dtype), v.to(q.dtype)
+        return _DropoutAttention.apply(q, k, v, bias, p)
 
 
 class CausalSelfAttention(nn.Module):
@@ -105,7 +221,10 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
         v = v.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
         dropout_p = self.dropout if self.training else 0.0
-        if cache is None:
+        if cache is None and dropout_p > 0 and x.device.type == "cpu":
+            # No fused CPU kernel takes dropout; SDPA's fallback keeps 3 copies of the weights.
+            y = dropout_attention(q, k, v, mask, dropout_p)
+        elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         else:
             y = cache.attend(layer, start, q, k, v, dropout_p)  # (B, nh, S, hs)
@@ -199,8 +318,24 @@ class TrajectoryGPT(nn.Module):
         x = self.drop(x + self.pos_emb.weight[start:end])  # (B, S, d)
         # Without a cache the positions are [0, S); a cache applies the mask rows itself.
         mask = self.mask[:S, :S] if cache is None else None
-        for layer, block in enumerate(self.blocks):
-            x = block(x, mask, cache, layer, start)
+        mode = self.config.activation_checkpointing
+        if cache is None and mode != "none" and self.training and torch.is_grad_enabled():
+            every = self.config.checkpoint_every_n_layers
+            options = {}
+            if mode == "selective":
+                options["context_fn"] = functools.partial(
+                    create_selective_checkpoint_contexts, _selective_policy
+                )
+            for layer, block in enumerate(self.blocks):
+                if layer % every == 0:
+                    # Non-reentrant, and the RNG state is restored for the rerun, so the
+                    # recomputed dropout masks are the ones the forward drew.
+                    x = checkpoint(block, x, mask, use_reentrant=False, **options)
+                else:
+                    x = block(x, mask)
+        else:
+            for layer, block in enumerate(self.blocks):
+                x = block(x, mask, cache, layer, start)
         return self.ln_f(x)
 
     def _heads(self, h: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -298,9 +433,14 @@ class TrajectoryGPT(nn.Module):
         return native.decoder(self, cache, module_step) or module_step
 
     def configure_optimizer(
-        self, learning_rate: float, weight_decay: float, betas: tuple[float, float]
+        self,
+        learning_rate: float,
+        weight_decay: float,
+        betas: tuple[float, float],
+        fused: bool = False,
     ) -> torch.optim.AdamW:
-        """AdamW decaying only weight matrices (Linear weights and the heads)."""
+        """AdamW decaying only weight matrices (Linear weights and the heads); `fused` (one
+        kernel for all parameters) is for CUDA."""
         decay: list[nn.Parameter] = []
         no_decay: list[nn.Parameter] = []  # biases, norms, token and position embeddings
         for module in self.modules():
@@ -314,7 +454,7 @@ class TrajectoryGPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
-        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas)
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -548,9 +548,8 @@ class Trainer:
                         f"the validation loss has not improved by {cfg.min_delta} for "
                         f"{cfg.patience} validations ({cfg.patience * cfg.validate_every} steps)"
                     )
-        if (
-            cfg.eval_every is not None
-            and (self.step % cfg.eval_every == 0 or self.step == self.total_steps or stop)
+        if cfg.eval_every is not None and (
+            self.step % cfg.eval_every == 0 or self.step == self.total_steps or stop
         ):
             score, scores = self._evaluate_planner()
             metrics |= scores

@@ -49,10 +49,7 @@ records its policy, mean return and normalised score.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import shutil
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -60,9 +57,8 @@ import gymnasium as gym
 import minari
 import numpy as np
 from minari.data_collector import EpisodeBuffer
-from minari.namespace import create_namespace, list_local_namespaces
-from minari.storage import get_dataset_path
 
+from trajectory_transformer.data import local_datasets
 from trajectory_transformer.data.scores import normalized_score
 
 __all__ = [
@@ -80,8 +76,6 @@ __all__ = [
 ]
 
 ENV_ID = "Pendulum-v1"
-NAMESPACE = "pendulum"
-AUTHOR = "trajectory-transformer"
 MAX_TORQUE = 2.0
 MEDIUM_EPSILON = 0.7
 """Probability of a uniform random torque in the medium policy."""
@@ -352,11 +346,9 @@ def build_embedded_dataset(
         raise ValueError(
             f"unknown embedded dataset {dataset_id!r}; known ids: {', '.join(EMBEDDED_DATASETS)}"
         )
-    path = get_dataset_path(dataset_id)
-    if path.exists():
-        if not overwrite:
-            return minari.load_dataset(dataset_id)
-        shutil.rmtree(path)
+    found = local_datasets.existing(dataset_id, overwrite)
+    if found is not None:
+        return found
 
     ref_min, ref_max = reference_scores(seed)
     rollouts = [_kind_rollout(kind, episodes, seed) for kind in _KINDS[dataset_id]]
@@ -373,30 +365,13 @@ def build_embedded_dataset(
         f"{REFERENCE_EPISODES} evaluation episodes each)."
     )
 
-    try:
-        with warnings.catch_warnings():
-            # No contact address or code permalink exists for these locally built datasets.
-            warnings.filterwarnings("ignore", message=r"`(author_email|code_permalink)` is set")
-            if NAMESPACE not in list_local_namespaces():
-                with contextlib.suppress(ValueError):  # created concurrently
-                    create_namespace(
-                        NAMESPACE,
-                        description="Pendulum-v1 datasets built by trajectory_transformer.",
-                    )
-            return minari.create_dataset_from_buffers(
-                dataset_id=dataset_id,
-                buffer=buffers,
-                env=ENV_ID,
-                eval_env=ENV_ID,
-                algorithm_name=_ALGORITHM_NAMES[dataset_id],
-                author=AUTHOR,
-                author_email=None,
-                code_permalink=None,
-                ref_min_score=ref_min,
-                ref_max_score=ref_max,
-                num_episodes_average_score=REFERENCE_EPISODES,
-                description=description,
-            )
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)  # never leave a half-written dataset behind
-        raise
+    return local_datasets.write(
+        dataset_id,
+        buffers,
+        ENV_ID,
+        _ALGORITHM_NAMES[dataset_id],
+        (ref_min, ref_max),
+        REFERENCE_EPISODES,
+        description,
+        namespace_description="Pendulum-v1 datasets built by trajectory_transformer.",
+    )

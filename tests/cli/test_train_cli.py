@@ -40,6 +40,16 @@ def test_train_then_resume_a_finished_run_trains_no_more(tmp_path):
     )
     assert "resumed from" in resumed.stdout and "at step 6/6" in resumed.stdout
 
+    longer = tt_train(
+        "trainer.max_steps=8",
+        f"resume={tmp_path / 'run' / 'checkpoint.pt'}",
+        run_dir=tmp_path / "longer",
+        check=False,
+    )
+    assert longer.returncode == 2
+    assert "the checkpoint planned 6 steps, this config plans 8" in longer.stderr
+    assert "Traceback" not in longer.stderr
+
 
 def test_resume_with_another_model_shape_says_what_differs(tmp_path):
     create_dataset("test/tiny-v0")

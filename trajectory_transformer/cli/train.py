@@ -16,6 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import (
+    CheckpointError,
     build_payload,
     check_compatible,
     read_payload,
@@ -244,7 +245,10 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     )
     if resume is not None:
         model.load_state_dict(resume["model"])
-        trainer.load_state(resume["training"])
+        try:
+            trainer.load_state(resume["training"])
+        except ValueError as error:  # a plan that differs from the checkpoint's: no traceback
+            raise CheckpointError(f"{cfg.resume}: {error}") from error
         say(f"resumed from {cfg.resume} at step {trainer.step}/{trainer.total_steps}")
     length = f"{trainer.total_steps} steps planned ({trainer.epochs} epochs of "
     if trainer.stopping_rule:

@@ -1,14 +1,44 @@
-"""The CPU training attention (`dropout_attention`) is F.scaled_dot_product_attention with the
-same dropout draws: same outputs and gradients under one seed, in less memory."""
+"""The CPU training attention (`dropout_attention`) is F.scaled_dot_product_attention in less
+memory: without the native kernels it makes the same dropout draws (same outputs and gradients
+under one seed); with them, its keep mask comes from the native kernel, and outputs and
+gradients equal a plain composition of torch operators under that mask."""
 
 from __future__ import annotations
+
+import math
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT, gpt, trajectory_attention_mask
+from trajectory_transformer.model import (
+    GPTConfig,
+    TrajectoryGPT,
+    gpt,
+    native,
+    trajectory_attention_mask,
+)
 from trajectory_transformer.model.gpt import dropout_attention
+
+
+@pytest.fixture(autouse=True)
+def bernoulli_draws(request):
+    """Every test but the native kernel's draws its masks as SDPA does."""
+    if "kernels" in request.fixturenames:
+        yield
+        return
+    with native.native_kernels(False):
+        yield
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the native kernels cannot be built")
+    module = native.load()
+    assert module is not None, f"the native kernels failed to build: {native._failure}"
+    return module
 
 
 def inputs(B: int, nh: int, S: int, hs: int, dtype=torch.float32) -> list[torch.Tensor]:
@@ -92,3 +122,60 @@ def test_runs_under_bf16_autocast() -> None:
     assert got[0].dtype == torch.bfloat16
     for a, b in zip(got[:4], expected[:4], strict=True):
         torch.testing.assert_close(a.float(), b, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_the_native_draw_equals_plain_operators_under_its_mask(kernels, p) -> None:
+    B, nh, S, hs, T = 3, 2, 47, 8, 5
+    mask = trajectory_attention_mask(S, T)
+    tensors = inputs(B, nh, S, hs)
+    got = run(lambda q, k, v: dropout_attention(q, k, v, mask, p), tensors)
+
+    def reference(q, k, v):
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(hs)).masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(-1)
+        seed = int(torch.empty((), dtype=torch.int64).random_())  # as the model draws it
+        _, keep = kernels.dropout(probs.detach().reshape(B * nh, S, S), p, seed, 1.0)
+        return torch.where(keep.view(B, nh, S, S), probs, 0.0) @ v / (1 - p)
+
+    expected = run(reference, tensors)
+    for name, a, b in zip(["output", "dq", "dk", "dv", "rng after"], got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_native_mask_keeps_one_minus_p_whatever_the_threads(kernels) -> None:
+    probs = torch.rand(6, 50, 50) + 0.5
+    p, n = 0.1, probs.numel()
+    dropped, keep = kernels.dropout(probs, p, 12345, 1.0)
+    assert keep.dtype == torch.bool and keep.shape == probs.shape
+    assert torch.equal(dropped, torch.where(keep, probs, 0.0))
+    scaled = kernels.dropout(probs, p, 12345, 1 / (1 - p))[0]
+    torch.testing.assert_close(scaled, torch.where(keep, probs / (1 - p), 0.0))
+    kept = keep.sum().item()  # binomial(n, 1 - p): 6 standard deviations
+    assert abs(kept - n * (1 - p)) < 6 * math.sqrt(n * p * (1 - p))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(kernels.dropout(probs, p, 12345, 1.0)[1], keep)
+    finally:
+        torch.set_num_threads(threads)
+    other = kernels.dropout(probs, p, 12346, 1.0)[1]
+    assert not torch.equal(other, keep)
+    # No correlation between neighbouring draws (one 64-bit hash gives two 32-bit ones).
+    even, odd = keep.flatten()[0::2].float(), keep.flatten()[1::2].float()
+    assert abs(torch.corrcoef(torch.stack([even, odd]))[0, 1].item()) < 0.05
+
+
+def test_the_model_dropout_draws_natively_and_backpropagates_its_mask(kernels) -> None:
+    x = torch.randn(8, 30, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    dropout = gpt.Dropout(0.2).train()
+    torch.manual_seed(5)
+    y = dropout(x)
+    y.backward(torch.ones_like(y))
+    keep = y != 0
+    assert abs(keep.float().mean().item() - 0.8) < 0.03
+    torch.testing.assert_close(y[keep], x[keep] / 0.8)
+    torch.testing.assert_close(x.grad, keep.float() / 0.8)
+    torch.manual_seed(5)  # the mask comes from torch's generator
+    assert torch.equal(dropout(x), y)
+    assert dropout.eval()(x) is x

@@ -219,7 +219,7 @@ def test_checkouts_of_the_same_source_share_one_build(tmp_path, monkeypatch) -> 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
     paths = {}
     for checkout in ("a", "b"):
-        source = tmp_path / checkout / "decoder.cpp"
+        source = tmp_path / checkout / "cpu_kernels.cpp"
         source.parent.mkdir()
         source.write_bytes(native.SOURCE.read_bytes())
         monkeypatch.setattr(native, "SOURCE", source)

@@ -140,15 +140,51 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _dropout_seed() -> int:
+    """One draw of torch's generator seeds a native dropout mask, so that a seed (`resume=`)
+    and checkpointing's recomputation, which restores the generator, draw the same mask."""
+    return int(torch.empty((), dtype=torch.int64).random_())
+
+
+class _NativeDropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p, kernels):
+        scale = 1.0 / (1.0 - p)
+        y, keep = kernels.dropout(x.contiguous(), p, _dropout_seed(), scale)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (keep,) = ctx.saved_tensors
+        return torch.where(keep, dy * ctx.scale, 0.0), None, None
+
+
+class Dropout(nn.Dropout):
+    """nn.Dropout whose mask, when training in float32 on the CPU, comes from the native kernel
+    (`native.py`): one pass that draws and applies it, at a fraction of `bernoulli_`'s cost.
+    Elsewhere, or without the kernels, it is nn.Dropout."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and 0 < self.p < 1 and x.device.type == "cpu" and x.dtype == torch.float32:
+            kernels = native.kernels()
+            if kernels is not None:
+                return _NativeDropout.apply(x, self.p, kernels)
+        return super().forward(x)
+
+
 class _DropoutAttention(torch.autograd.Function):
     """softmax(q k^T / sqrt(hs) + bias) with dropout, times v: what F.scaled_dot_product_attention
-    computes for a mask and dropout on the CPU, with the same dropout draws, in less memory.
+    computes for a mask and dropout on the CPU, in less memory and time.
 
     With dropout the CPU has no fused kernel; SDPA's math path keeps three (B, nh, S, S)
     float32 tensors per layer for the backward pass (the probabilities, the dropout noise and
     the dropped probabilities). This keeps the probabilities and a one-byte keep mask. The mask
-    is drawn as SDPA draws it (one `bernoulli_` over a tensor of the probabilities' shape), so
-    under one seed both drop the same weights. Every row must keep at least one key.
+    comes from the native kernel (see `Dropout`); without the kernels, or in another dtype than
+    float32, it is drawn as SDPA draws it
+    (one `bernoulli_` over the probabilities' shape), so that under one seed both drop the same
+    weights. Every row must keep at least one key.
     """
 
     @staticmethod
@@ -159,10 +195,16 @@ class _DropoutAttention(torch.autograd.Function):
         scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=scale)  # (B*nh, S, S)
         probs = torch.softmax(scores, dim=-1)
         del scores
-        keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - p)
+        kernels = native.kernels() if probs.dtype == torch.float32 else None
+        if kernels is not None:
+            dropped, keep = kernels.dropout(probs, p, _dropout_seed(), 1.0)
+        else:
+            keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - p)
+            dropped = torch.where(keep, probs, 0.0)
         # The 1 / (1 - p) rescaling is applied to the small (B*nh, S, hs) side; not in place,
         # as selective checkpointing may hold on to the product.
-        y = torch.bmm(torch.where(keep, probs, 0.0), v3) * (1.0 / (1.0 - p))  # (B*nh, S, hs)
+        y = torch.bmm(dropped, v3) * (1.0 / (1.0 - p))  # (B*nh, S, hs)
+        del dropped
         ctx.save_for_backward(q3, k3, v3, probs, keep)
         ctx.p, ctx.scale = p, scale
         return y.view(B, nh, S, hs)
@@ -203,7 +245,7 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.embedding_dim, 3 * config.embedding_dim)
         self.c_proj = nn.Linear(config.embedding_dim, config.embedding_dim)
         self.dropout = config.dropout
-        self.resid_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = Dropout(config.dropout)
 
     def forward(
         self,
@@ -237,7 +279,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.embedding_dim, 4 * config.embedding_dim)
         self.c_proj = nn.Linear(4 * config.embedding_dim, config.embedding_dim)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
@@ -270,7 +312,7 @@ class TrajectoryGPT(nn.Module):
         T, N, d = config.transition_dim, config.n_bins, config.embedding_dim
         self.tok_emb = nn.Embedding(T * N, d)  # one table, offset per dimension
         self.pos_emb = nn.Embedding(config.block_size, d)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(d)
         # One d -> N head per transition dimension; position i uses head i % T.

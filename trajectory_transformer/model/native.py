@@ -3,16 +3,19 @@
 The planner's decode steps on the CPU run one new token per row through the model: at a few
 dozen rows, eager PyTorch spends more time on operator calls (the attention over a
 shared-prefix cache alone is a dozen tiny ones per layer) than on arithmetic.
-`csrc/decoder.cpp` holds the whole decode step as one C++ call (`Decoder.step`: embedding,
+`csrc/cpu_kernels.cpp` holds the whole decode step as one C++ call (`Decoder.step`: embedding,
 every block with that attention, final norm and head), and the attention on its own
-(`decode_attention`, for tests). `decoder()` binds a model and a cache to it. It is built on
-first use (about a minute, with the machine's C++ compiler and ninja) into torch's extension
-cache (`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`) and loaded from there
-afterwards; `make demo` and `make test` build them during setup (`native.main()`).
+(`decode_attention`, for tests). `decoder()` binds a model and a cache to it. The same
+extension draws the training dropout (`dropout`, used by `gpt.Dropout` and
+`gpt.dropout_attention`), where torch's `bernoulli_` costs a quarter of a training step.
+It is built on first use (about a minute, with the machine's C++ compiler and ninja) into
+torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`) and
+loaded from there afterwards; `make demo` and `make test` build them during setup (`native.main()`).
 
 Where it cannot be built (no compiler), the model falls back to the PyTorch implementation
-with one warning; results agree up to float rounding. `TT_NATIVE_KERNELS=0` in the environment,
-or `native_kernels(False)`, turns the kernels off.
+with one warning: decode results agree up to float rounding, and training draws its dropout
+masks with `bernoulli_` (other masks from the same distribution).
+`TT_NATIVE_KERNELS=0` in the environment, or `native_kernels(False)`, turns the kernels off.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 if TYPE_CHECKING:
     from trajectory_transformer.model.gpt import TrajectoryGPT
 
-SOURCE = Path(__file__).parent / "csrc" / "decoder.cpp"
+SOURCE = Path(__file__).parent / "csrc" / "cpu_kernels.cpp"
 ENV_SWITCH = "TT_NATIVE_KERNELS"
 
 _enabled = os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
@@ -67,7 +70,7 @@ def _build_options() -> tuple[str, list[str]]:
     environment = [torch.__version__, *cpp_extension.include_paths(), sysconfig.get_path("include")]
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update("\0".join([*environment, *flags]).encode())
-    return f"trajectory_transformer_decode_{capability.lower()}_{digest.hexdigest()[:10]}", flags
+    return f"trajectory_transformer_cpu_{capability.lower()}_{digest.hexdigest()[:10]}", flags
 
 
 def _source_in_build_directory(name: str) -> Path:
@@ -139,9 +142,9 @@ def load(verbose: bool = False) -> object | None:
     except Exception as error:  # compiler, ninja or linker missing or failing
         _failure = f"{type(error).__name__}: {str(error).strip()[-800:]}"
         warnings.warn(
-            "the native CPU decode kernel could not be built, so planning uses the slower "
-            f"PyTorch path ({_failure}); install a C++ compiler and `pip install ninja`, or "
-            f"set {ENV_SWITCH}=0 to silence this",
+            "the native CPU kernels could not be built, so planning and CPU training with "
+            f"dropout use the slower PyTorch path ({_failure}); install a C++ compiler and "
+            f"`pip install ninja`, or set {ENV_SWITCH}=0 to silence this",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -1,5 +1,6 @@
-// The planner's decode step on the CPU: one new token for every row (beam) through the model.
+// Native CPU kernels.
 //
+// 1. The planner's decode step: one new token for every row (beam) through the model.
 // At a few dozen rows, eager PyTorch spends more time calling operators than computing. Here a
 // step is one call (`Decoder.step`): the matrix products go to ATen (MKL), and the rest is
 // fused loops. The attention (`decode_attention`) lets each row attend over its group's shared
@@ -9,6 +10,12 @@
 // continues comes from the cache (`group_of_row`, by its RowLayout in kv_cache.py); the
 // kernel knows no row order of its own. Results equal the model's modules
 // (`trajectory_transformer.model`) up to float rounding.
+//
+// 2. Training dropout (`dropout`): on the CPU, torch's `bernoulli_` costs about 11 ns an
+// element, a quarter of the paper model's training step, most of it in the attention's
+// dropout over every (batch, head, query, key) weight. Here the keep mask comes from a
+// counter-based hash (splitmix64 of seed + index) in the same pass that applies it: parallel,
+// and the same for one seed whatever the thread count.
 
 #include <torch/extension.h>
 
@@ -20,6 +27,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -334,7 +342,56 @@ class Decoder {
 
 }  // namespace
 
+namespace {
+
+// splitmix64's output function: a bijective mix of a 64-bit counter into 64 random bits.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Dropout of `input` with probability p: returns (input * scale where kept, else 0; the keep
+// mask). Element i is kept when its 32-bit draw, half of splitmix64(seed + i / 2), is at least
+// p * 2^32.
+std::vector<torch::Tensor> dropout(const torch::Tensor& input, double p, int64_t seed,
+                                   double scale) {
+  TORCH_CHECK(input.device().is_cpu() && input.scalar_type() == torch::kFloat32 &&
+                  input.is_contiguous(),
+              "dropout: a contiguous float32 CPU tensor");
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout: 0 <= p < 1");
+  auto output = torch::empty_like(input);
+  auto keep = torch::empty(input.sizes(), input.options().dtype(torch::kBool));
+  const float* in = input.data_ptr<float>();
+  float* out = output.data_ptr<float>();
+  bool* kept = keep.data_ptr<bool>();
+  const int64_t n = input.numel();
+  const uint64_t threshold = static_cast<uint64_t>(std::llround(p * 4294967296.0));
+  const uint64_t base = static_cast<uint64_t>(seed);
+  const float factor = static_cast<float>(scale);
+  at::parallel_for(0, (n + 1) / 2, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const uint64_t draw = splitmix64(base + static_cast<uint64_t>(pair));
+      const int64_t i = 2 * pair;
+      const bool k0 = (draw & 0xffffffffULL) >= threshold;
+      kept[i] = k0;
+      out[i] = k0 ? in[i] * factor : 0.0f;
+      if (i + 1 < n) {
+        const bool k1 = (draw >> 32) >= threshold;
+        kept[i + 1] = k1;
+        out[i + 1] = k1 ? in[i + 1] * factor : 0.0f;
+      }
+    }
+  });
+  return {output, keep};
+}
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("dropout", &dropout,
+        "Training dropout: (input * scale where kept, else 0; keep mask) (CPU, float32)");
   m.def("decode_attention", &decode_attention,
         "One decode step of attention over a shared-prefix KV cache (CPU, float32)");
   pybind11::class_<Decoder>(m, "Decoder")

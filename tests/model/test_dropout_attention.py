@@ -179,3 +179,12 @@ def test_the_model_dropout_draws_natively_and_backpropagates_its_mask(kernels) -
     torch.manual_seed(5)  # the mask comes from torch's generator
     assert torch.equal(dropout(x), y)
     assert dropout.eval()(x) is x
+
+
+def test_torch_compile_traces_the_dropout_model_in_one_graph(kernels) -> None:
+    """Under torch.compile the native draws step aside (a pybind call would break the graph)."""
+    config = GPTConfig(3, 2, 11, sequence_transitions=3, n_layer=2, n_head=2, embedding_dim=16)
+    model = TrajectoryGPT(config).train()
+    tokens = torch.randint(11, (4, config.block_size), generator=torch.Generator().manual_seed(1))
+    explanation = torch._dynamo.explain(model)(tokens)
+    assert explanation.graph_break_count == 0, explanation.break_reasons

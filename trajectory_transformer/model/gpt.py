@@ -146,6 +146,11 @@ def _dropout_seed() -> int:
     return int(torch.empty((), dtype=torch.int64).random_())
 
 
+def _native_dropout_applies(x: torch.Tensor) -> bool:
+    """Float32 on the CPU, and not under torch.compile, which generates its own dropout."""
+    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
+
+
 class _NativeDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p, kernels):
@@ -164,10 +169,10 @@ class _NativeDropout(torch.autograd.Function):
 class Dropout(nn.Dropout):
     """nn.Dropout whose mask, when training in float32 on the CPU, comes from the native kernel
     (`native.py`): one pass that draws and applies it, at a fraction of `bernoulli_`'s cost.
-    Elsewhere, or without the kernels, it is nn.Dropout."""
+    Elsewhere (CUDA, bf16, torch.compile), or without the kernels, it is nn.Dropout."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and 0 < self.p < 1 and x.device.type == "cpu" and x.dtype == torch.float32:
+        if self.training and 0 < self.p < 1 and _native_dropout_applies(x):
             kernels = native.kernels()
             if kernels is not None:
                 return _NativeDropout.apply(x, self.p, kernels)
@@ -195,7 +200,7 @@ class _DropoutAttention(torch.autograd.Function):
         scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=scale)  # (B*nh, S, S)
         probs = torch.softmax(scores, dim=-1)
         del scores
-        kernels = native.kernels() if probs.dtype == torch.float32 else None
+        kernels = native.kernels() if _native_dropout_applies(probs) else None
         if kernels is not None:
             dropped, keep = kernels.dropout(probs, p, _dropout_seed(), 1.0)
         else:

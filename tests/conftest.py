@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import warnings
 
 import gymnasium as gym
@@ -18,6 +19,18 @@ def minari_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(path))
     monkeypatch.setenv("WANDB_MODE", "disabled")
     return path
+
+
+@pytest.fixture(scope="session")
+def native_module():
+    """The compiled native CPU kernels; skips where no C++ compiler can build them."""
+    from trajectory_transformer.model import native
+
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the native kernels cannot be built")
+    module = native.load()
+    assert module is not None, f"the native kernels failed to build: {native._failure}"
+    return module
 
 
 def make_episode(

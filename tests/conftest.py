@@ -72,6 +72,7 @@ def create_dataset(
     buffers: list[EpisodeBuffer] | None = None,
     env: str | None = "Pendulum-v1",
     ref_scores: tuple[float, float] | None = (-1200.0, -150.0),
+    action_bound: float = 2.0,
 ) -> minari.MinariDataset:
     """A small random dataset (every `terminated_every`-th episode terminates)."""
     rng = np.random.default_rng(seed)
@@ -98,7 +99,7 @@ def create_dataset(
             buffers,
             env=env,
             observation_space=obs_space,
-            action_space=gym.spaces.Box(-2.0, 2.0, (act_dim,), np.float32),
+            action_space=gym.spaces.Box(-action_bound, action_bound, (act_dim,), np.float32),
             algorithm_name="random",
             description="test data",
             **kwargs,
@@ -111,9 +112,8 @@ def tiny_dataset():
     return create_dataset("test/tiny-v0")
 
 
-@pytest.fixture
-def tiny_checkpoint(tmp_path, tiny_dataset):
-    """An untrained checkpoint of `test/tiny-v0` (Pendulum-v1 spaces), as tt-train writes it."""
+def untrained_checkpoint(path, dataset_id: str):
+    """An untrained checkpoint of the Minari dataset `dataset_id`, as tt-train writes it."""
     import torch
 
     from trajectory_transformer.checkpoint import build_payload, save_atomic
@@ -122,12 +122,18 @@ def tiny_checkpoint(tmp_path, tiny_dataset):
     from trajectory_transformer.data.minari_source import load_episodes
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
-    episodes, info = load_episodes("test/tiny-v0")
+    episodes, info = load_episodes(dataset_id)
     discretizer = Discretizer.fit(joint_transitions(episodes, 0.99, -100.0), 12)
     torch.manual_seed(0)
-    model = TrajectoryGPT(GPTConfig(3, 1, 12, 4, 1, 2, 16, 0.0))
-    payload = build_payload(model, discretizer, info, {"dataset": {"id": "test/tiny-v0"}}, None)
-    return save_atomic(payload, tmp_path / "run" / "checkpoint.pt")
+    model = TrajectoryGPT(GPTConfig(info.observation_dim, info.action_dim, 12, 4, 1, 2, 16, 0.0))
+    payload = build_payload(model, discretizer, info, {"dataset": {"id": dataset_id}}, None)
+    return save_atomic(payload, path)
+
+
+@pytest.fixture
+def tiny_checkpoint(tmp_path, tiny_dataset):
+    """An untrained checkpoint of `test/tiny-v0` (Pendulum-v1 spaces), as tt-train writes it."""
+    return untrained_checkpoint(tmp_path / "run" / "checkpoint.pt", "test/tiny-v0")
 
 
 def tiny_gpt(

@@ -124,6 +124,14 @@ class EvalConfig:
     """Evaluation env id; by default the one stored in the checkpoint's dataset metadata."""
     max_episode_steps: int | None = None
     """Cut episodes at this many steps (a time-limit truncation); None keeps the env's limit."""
+    ref_min_score: float | None = None
+    """Return that normalises to 0 (a random policy's), with `ref_max_score`; overrides the
+    dataset's metadata (Minari's MuJoCo datasets carry none)."""
+    ref_max_score: float | None = None
+    """Return that normalises to 100 (an expert's), with `ref_min_score`."""
+    reference: str | None = None
+    """`d4rl`: D4RL's random and expert returns for hopper, halfcheetah and walker2d (measured
+    on the v2 environments, so approximate on v5); None: the dataset's own scores."""
     asynchronous: bool = False
     """Step the envs in worker processes (pays off for slow physics on several cores)."""
     video: bool = False

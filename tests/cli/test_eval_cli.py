@@ -1,6 +1,7 @@
 import json
 
-from conftest import run_module
+import pytest
+from conftest import create_dataset, run_module, untrained_checkpoint
 
 from trajectory_transformer.checkpoint import read_payload, save_atomic
 
@@ -140,3 +141,65 @@ def test_the_planner_discounts_as_the_checkpoint_was_trained(tmp_path, tiny_chec
     results = json.loads((tmp_path / "other" / "results.json").read_text())
     assert results["settings"]["planner"]["discount"] == 0.95
     assert "note: planner.discount=0.95 differs from the discount 0.9" in result.stderr
+
+
+def test_explicit_reference_scores_override_the_datasets(tmp_path, tiny_checkpoint):
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}",
+        *SMALL_PLANNER,
+        "eval.ref_min_score=-2000",
+        "eval.ref_max_score=0",
+        run_dir=tmp_path / "eval",
+    )
+    assert result.returncode == 0, result.stderr
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    reference = results["settings"]["reference_scores"]
+    assert (reference["ref_min_score"], reference["ref_max_score"]) == (-2000.0, 0.0)
+    assert reference["source"].startswith("explicit")
+    expected = [100 * (r + 2000) / 2000 for r in results["returns"]]
+    assert results["normalized_scores"] == pytest.approx(expected)
+
+
+def test_one_reference_score_alone_is_one_clear_message(tmp_path, tiny_checkpoint):
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}", *SMALL_PLANNER, "eval.ref_min_score=0", run_dir=tmp_path
+    )
+    assert result.returncode == 2
+    assert "give both eval.ref_min_score and eval.ref_max_score" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_d4rl_table_normalises_a_hopper_run_with_a_warning(tmp_path):
+    create_dataset(
+        "test/hopper-v0", obs_dim=11, act_dim=3, env="Hopper-v5", ref_scores=None, action_bound=1
+    )
+    checkpoint = untrained_checkpoint(tmp_path / "run" / "checkpoint.pt", "test/hopper-v0")
+    plain = tt_eval(f"checkpoint={checkpoint}", *SMALL_PLANNER, run_dir=tmp_path / "plain")
+    assert plain.returncode == 0, plain.stderr
+    assert "no normalized score" in plain.stdout and "eval.reference=d4rl" in plain.stdout
+    assert (
+        json.loads((tmp_path / "plain" / "results.json").read_text())["settings"][
+            "reference_scores"
+        ]
+        is None
+    )
+
+    result = tt_eval(
+        f"checkpoint={checkpoint}", *SMALL_PLANNER, "eval.reference=d4rl", run_dir=tmp_path / "d4rl"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "v2 MuJoCo environments" in result.stderr
+    results = json.loads((tmp_path / "d4rl" / "results.json").read_text())
+    reference = results["settings"]["reference_scores"]
+    assert (reference["ref_min_score"], reference["ref_max_score"]) == (-20.272305, 3234.3)
+    assert "D4RL" in reference["source"]
+    expected = [100 * (r + 20.272305) / (3234.3 + 20.272305) for r in results["returns"]]
+    assert results["normalized_scores"] == pytest.approx(expected)
+
+
+def test_the_d4rl_table_refuses_an_env_it_does_not_cover(tmp_path, tiny_checkpoint):
+    result = tt_eval(
+        f"checkpoint={tiny_checkpoint}", *SMALL_PLANNER, "eval.reference=d4rl", run_dir=tmp_path
+    )
+    assert result.returncode == 2
+    assert "no row for env 'Pendulum-v1'" in result.stderr and "hopper" in result.stderr

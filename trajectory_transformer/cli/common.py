@@ -26,6 +26,7 @@ from trajectory_transformer.config import (
 )
 from trajectory_transformer.data import pendulum
 from trajectory_transformer.data.minari_source import DatasetError
+from trajectory_transformer.data.reference_scores import ReferenceScoreError
 from trajectory_transformer.rollout.envs import EnvMismatchError
 from trajectory_transformer.training.trainer import TrainerConfig
 
@@ -109,6 +110,7 @@ def friendly_errors(task: Callable) -> Callable:
             ConfigError,
             EnvMismatchError,
             ComparisonError,
+            ReferenceScoreError,
         ) as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)

@@ -18,6 +18,7 @@ from trajectory_transformer.cli.common import (
     resolve_device,
 )
 from trajectory_transformer.config import EvaluateConfig
+from trajectory_transformer.data import reference_scores
 from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.rollout import (
     EpisodeRecord,
@@ -56,6 +57,16 @@ def run(cfg: EvaluateConfig) -> dict:
         render=cfg.eval.video,
         max_episode_steps=cfg.eval.max_episode_steps,
     )
+    scores, no_score_reason, warning = reference_scores.resolve(
+        dataset_scores=(info.ref_min_score, info.ref_max_score),
+        env_id=cfg.eval.env_id or info.eval_env_id,
+        dataset_id=info.dataset_id,
+        ref_min_score=cfg.eval.ref_min_score,
+        ref_max_score=cfg.eval.ref_max_score,
+        reference=cfg.eval.reference,
+    )
+    if warning:
+        print(warning, file=sys.stderr)
     try:
         check_env_matches(info, env)
         record = None
@@ -67,9 +78,12 @@ def run(cfg: EvaluateConfig) -> dict:
             env,
             episodes,
             seed=cfg.eval.seed,
-            ref_scores=(info.ref_min_score, info.ref_max_score),
+            ref_scores=(None, None)
+            if scores is None
+            else (scores.ref_min_score, scores.ref_max_score),
             progress=cfg.eval.progress,
             observers=[] if record is None else [record],
+            no_score_reason=no_score_reason or "",
         )
     finally:
         env.close()
@@ -82,6 +96,7 @@ def run(cfg: EvaluateConfig) -> dict:
         "planner": dataclasses.asdict(planner.config),
         "eval": OmegaConf.to_container(cfg.eval, resolve=True),
         "device": str(device),
+        "reference_scores": None if scores is None else scores.as_dict(),
     }
     next_to_checkpoint = Path(cfg.checkpoint).parent / f"eval_{preset}_seed{cfg.eval.seed}.json"
     result.write(run_dir / "results.json", next_to_checkpoint)

@@ -71,12 +71,15 @@ def evaluate(
     ref_scores: tuple[float | None, float | None] = (None, None),
     progress: bool = True,
     observers: Sequence[EvaluationObserver] = (),
+    no_score_reason: str = "the dataset carries no ref_min_score/ref_max_score",
 ) -> EvalResult:
     """Play `episodes` episodes with seeds `seed, seed+1, ...`, `env.num_envs` at a time.
 
     Each wave starts every env with its own seed and runs until all of them are done. A
     finished env keeps stepping (its auto-reset episode is ignored) so shapes never change.
-    `observers` (an `EpisodeRecord`, say) are told of every reset, action and step.
+    `observers` (an `EpisodeRecord`, say) are told of every reset, action and step. Returns
+    are normalised by `ref_scores` (min, max) when both are given, else `no_score_reason` says
+    why not.
     """
     num_envs = env.num_envs
     returns, lengths, seeds = [], [], []
@@ -131,9 +134,7 @@ def evaluate(
         lengths=lengths,
         seeds=seeds,
         normalized_scores=None if scores is None else scores.tolist(),
-        no_score_reason=None
-        if scores is not None
-        else "the dataset carries no ref_min_score/ref_max_score",
+        no_score_reason=None if scores is not None else no_score_reason,
         planning_seconds=planning_seconds,
         env_steps=env_steps,
         wall_seconds=time.perf_counter() - start,

@@ -32,6 +32,9 @@ def test_every_dataset_config_is_there():
         for q in ("simple", "medium", "expert")
     }
     expected |= {"reacher-medium"}
+    expected |= {
+        f"hopper-embedded-{q}" for q in ("medium", "medium-replay", "expert", "medium-expert")
+    }
     assert set(DATASET_CONFIGS) == expected
 
 
@@ -39,7 +42,10 @@ def test_every_dataset_config_is_there():
 def test_every_dataset_config_composes(name):
     cfg = compose_train(f"dataset={name}")
     env, _, quality = name.partition("-")
-    if env in ("pendulum", "reacher"):  # embedded datasets
+    if name.startswith("hopper-embedded-"):  # embedded from the shipped SAC actors
+        assert cfg.dataset.id == f"hopper/{name.removeprefix('hopper-embedded-')}-v0"
+        assert cfg.model.embedding_dim == 64  # the demo-sized model
+    elif env in ("pendulum", "reacher"):  # embedded datasets
         assert cfg.dataset.id == f"{env}/{quality}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
     else:

@@ -170,8 +170,9 @@ class CollectConfig:
         ]
     )
     """Embedded dataset ids to build."""
-    episodes: int = 500
-    """Episodes of 200 steps per policy (medium-expert holds twice as many)."""
+    episodes: int | None = None
+    """Episodes per behaviour policy (medium-expert holds twice as many); None: each family's
+    default (500 for Pendulum and Reacher; Hopper collects up to a transition budget)."""
     seed: int = 0
     """Base seed of reset seeds, action noise and the reference scores."""
     overwrite: bool = False

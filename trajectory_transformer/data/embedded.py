@@ -1,9 +1,10 @@
 """Every embedded dataset in one place: the ids, and a builder that dispatches by family.
 
-The families are :mod:`trajectory_transformer.data.pendulum` (``pendulum/*``, ``Pendulum-v1``)
-and :mod:`trajectory_transformer.data.reacher` (``reacher/*``, ``Reacher-v5``). Each builds its
-datasets locally with scripted controllers and stores its reference scores in the Minari
-metadata; callers (``load_minari``, ``tt-collect``) go through this module only.
+The families are :mod:`trajectory_transformer.data.pendulum` (``pendulum/*``, ``Pendulum-v1``),
+:mod:`trajectory_transformer.data.reacher` (``reacher/*``, ``Reacher-v5``), both from scripted
+controllers, and :mod:`trajectory_transformer.data.hopper` (``hopper/*``, ``Hopper-v5``), from
+shipped SAC actors. Each builds its datasets locally and stores its reference scores in the
+Minari metadata; callers (``load_minari``, ``tt-collect``) go through this module only.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ from types import ModuleType
 
 import minari
 
-from trajectory_transformer.data import pendulum, reacher
+from trajectory_transformer.data import hopper, pendulum, reacher
 
 __all__ = ["EMBEDDED_DATASETS", "build_embedded_dataset", "family", "is_embedded"]
 
-_FAMILIES: tuple[ModuleType, ...] = (pendulum, reacher)
+_FAMILIES: tuple[ModuleType, ...] = (pendulum, reacher, hopper)
 
 EMBEDDED_DATASETS: dict[str, str] = {
     dataset_id: description
@@ -46,8 +47,9 @@ def build_embedded_dataset(
 ) -> minari.MinariDataset:
     """Build (or load, unless ``overwrite``) an embedded dataset in the local Minari folder.
 
-    ``episodes`` is per behaviour policy (Pendulum's medium-expert holds twice as many); None
-    keeps the family's default (500 for both). ``seed`` is the base seed of reset seeds, action
+    ``episodes`` is per behaviour policy (a medium-expert dataset holds twice as many); None
+    keeps the family's default (500 episodes for Pendulum and Reacher, a transition budget for
+    Hopper). ``seed`` is the base seed of reset seeds, action
     noise and the reference scores.
     """
     module = family(dataset_id)

@@ -1,0 +1,325 @@
+"""Train the behaviour policy of an embedded dataset suite with SAC, on the CPU, and pick the
+snapshots that ship with the package.
+
+Soft actor-critic (Haarnoja et al., 2018): twin Q critics with Polyak-averaged targets, a
+tanh-squashed Gaussian actor (`trajectory_transformer.data.behaviour.GaussianActor`, the only
+network that ships) and an automatically tuned entropy temperature. Every `--eval-every`
+steps the deterministic actor plays `--eval-episodes` episodes and is saved as a snapshot with
+its mean return; `--select` then copies the best snapshot (expert), the one closest to a third
+of its return (medium, as D4RL's medium policies) and intermediate ones (for medium-replay)
+into the package, with a README of the recipe and the returns.
+
+    python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper            # train
+    python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper --resume   # go on
+    python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper --select \\
+        trajectory_transformer/data/policies/hopper
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trajectory_transformer.data.behaviour import GaussianActor
+
+
+class TwinQ(nn.Module):
+    """Both critics as one batched MLP: (obs, act) -> (2, B) Q-values."""
+
+    def __init__(self, in_dim: int, hidden: int = 256) -> None:
+        super().__init__()
+        shapes = [(in_dim, hidden), (hidden, hidden), (hidden, 1)]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in shapes:
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's initialisation
+            self.weights.append(
+                nn.Parameter(torch.empty(2, fan_in, fan_out).uniform_(-bound, bound))
+            )
+            self.biases.append(nn.Parameter(torch.empty(2, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        h = torch.cat([obs, act], -1).expand(2, -1, -1)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases, strict=True)):
+            h = torch.baddbmm(b, h, w)
+            if i < last:
+                h = F.relu(h)
+        return h.squeeze(-1)
+
+
+def sample_action(actor: GaussianActor, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A reparameterised tanh-Gaussian action and its log-probability."""
+    mean, log_std = actor(obs)
+    std = log_std.exp()
+    u = mean + std * torch.randn_like(mean)
+    action = torch.tanh(u)
+    log_prob = (-0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    log_prob = log_prob - (2 * (math.log(2) - u - F.softplus(-2 * u))).sum(-1)  # tanh's Jacobian
+    return action, log_prob
+
+
+class SAC:
+    def __init__(self, obs_dim: int, act_dim: int, args: argparse.Namespace) -> None:
+        self.actor = GaussianActor(obs_dim, act_dim, args.actor_hidden)
+        self.critic = TwinQ(obs_dim + act_dim, args.critic_hidden)
+        self.target = TwinQ(obs_dim + act_dim, args.critic_hidden)
+        self.target.load_state_dict(self.critic.state_dict())
+        self.target.requires_grad_(False)
+        self.log_alpha = torch.zeros((), requires_grad=True)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=args.lr)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=args.lr)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=args.lr)
+        self.target_entropy = -float(act_dim)
+        self.gamma, self.tau = args.gamma, args.tau
+
+    def update(self, obs, act, rew, next_obs, terminated) -> None:
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_act, next_log_prob = sample_action(self.actor, next_obs)
+            next_q = self.target(next_obs, next_act).min(0).values - alpha * next_log_prob
+            target = rew + self.gamma * (1.0 - terminated) * next_q  # no bootstrap past a fall
+        critic_loss = F.mse_loss(self.critic(obs, act), target.expand(2, -1), reduction="sum")
+        self.critic_opt.zero_grad(set_to_none=True)
+        (critic_loss / len(obs)).backward()
+        self.critic_opt.step()
+
+        new_act, log_prob = sample_action(self.actor, obs)
+        q = self.critic(obs, new_act).min(0).values
+        actor_loss = (alpha * log_prob - q).mean()
+        self.actor_opt.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_opt.step()
+
+        alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        self.alpha_opt.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_opt.step()
+
+        with torch.no_grad():
+            torch._foreach_lerp_(
+                list(self.target.parameters()), list(self.critic.parameters()), self.tau
+            )
+
+    def state(self) -> dict:
+        return {
+            name: getattr(self, name).state_dict()
+            for name in ("actor", "critic", "target", "actor_opt", "critic_opt", "alpha_opt")
+        } | {"log_alpha": self.log_alpha.detach().clone()}
+
+    def load(self, state: dict) -> None:
+        for name in ("actor", "critic", "target", "actor_opt", "critic_opt", "alpha_opt"):
+            getattr(self, name).load_state_dict(state[name])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+
+
+def evaluate(actor: GaussianActor, env_id: str, episodes: int, seed: int) -> tuple[float, float]:
+    """Mean and standard deviation of the deterministic actor's return."""
+    env = gym.make(env_id)
+    returns = []
+    for i in range(episodes):
+        obs, _ = env.reset(seed=seed + i)
+        total, done = 0.0, False
+        while not done:
+            obs, reward, terminated, truncated, _ = env.step(actor.act(obs[None])[0])
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+def train(args: argparse.Namespace) -> None:
+    run = Path(args.run_dir)
+    (run / "snapshots").mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)  # small networks: threads cost more than they give
+    env = gym.make(args.env)
+    obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
+    assert np.allclose(env.action_space.low, -1) and np.allclose(env.action_space.high, 1)
+    sac = SAC(obs_dim, act_dim, args)
+    buffer = {
+        "obs": np.zeros((args.steps, obs_dim), np.float32),
+        "act": np.zeros((args.steps, act_dim), np.float32),
+        "rew": np.zeros(args.steps, np.float32),
+        "next_obs": np.zeros((args.steps, obs_dim), np.float32),
+        "terminated": np.zeros(args.steps, np.float32),
+    }
+    step, episode = 0, 0
+    rng = np.random.default_rng(args.seed)
+    torch.manual_seed(args.seed)
+    checkpoint = run / "checkpoint.pt"
+    if args.resume and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        sac.load(saved["sac"])
+        step, episode = saved["step"], saved["episode"]
+        for key in buffer:
+            buffer[key][:step] = saved["buffer"][key]
+        rng = saved["rng"]
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"resumed at step {step}", flush=True)
+    (run / "config.json").write_text(json.dumps(vars(args), indent=2))
+    obs, _ = env.reset(seed=args.seed + episode)
+    start = time.perf_counter()
+    with open(run / "log.jsonl", "a") as log:
+        run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, checkpoint)
+
+
+def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, checkpoint) -> None:
+    run = Path(args.run_dir)
+    act_dim = env.action_space.shape[0]
+    while step < args.steps:
+        if step < args.random_steps:
+            action = rng.uniform(-1, 1, act_dim)
+        else:
+            with torch.no_grad():
+                action = sample_action(sac.actor, torch.as_tensor(obs[None], dtype=torch.float32))
+            action = action[0][0].numpy()
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        for key, value in zip(
+            buffer, (obs, action, reward, next_obs, float(terminated)), strict=True
+        ):
+            buffer[key][step] = value
+        step += 1
+        obs = next_obs
+        if terminated or truncated:
+            episode += 1
+            obs, _ = env.reset(seed=args.seed + episode)
+        if step >= args.random_steps:
+            index = rng.integers(0, step, args.batch_size)
+            sac.update(*(torch.from_numpy(buffer[key][index]) for key in buffer))
+        if step % args.eval_every == 0:
+            mean, std = evaluate(sac.actor, args.env, args.eval_episodes, seed=10_000)
+            elapsed = time.perf_counter() - start
+            sac.actor.save(
+                run / "snapshots" / f"step_{step:07d}.pt",
+                step=step,
+                mean_return=mean,
+                std_return=std,
+                eval_episodes=args.eval_episodes,
+            )
+            record = {
+                "step": step,
+                "return": mean,
+                "std": std,
+                "episodes": episode,
+                "alpha": float(sac.log_alpha.detach().exp()),
+                "seconds": round(elapsed, 1),
+            }
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+            print(json.dumps(record), flush=True)
+            torch.save(
+                {
+                    "sac": sac.state(),
+                    "step": step,
+                    "episode": episode,
+                    "rng": rng,
+                    "torch_rng": torch.get_rng_state(),
+                    "buffer": {key: value[:step] for key, value in buffer.items()},
+                },
+                checkpoint.with_suffix(".tmp"),
+            )
+            checkpoint.with_suffix(".tmp").replace(checkpoint)
+
+
+def select(args: argparse.Namespace) -> None:
+    """Copy the expert, medium and intermediate snapshots into `args.select` with a README."""
+    run, target = Path(args.run_dir), Path(args.select)
+    snapshots = []
+    for path in sorted((run / "snapshots").glob("step_*.pt")):
+        actor = GaussianActor.load(path)
+        snapshots.append((actor.metadata["step"], actor.metadata["mean_return"], path, actor))
+    if not snapshots:
+        raise SystemExit(f"no snapshots under {run / 'snapshots'}")
+    expert = max(snapshots, key=lambda s: s[1])
+    medium = min(
+        (s for s in snapshots if s[0] < expert[0]), key=lambda s: abs(s[1] - expert[1] / 3)
+    )
+    # Intermediate policies for medium-replay: evenly spaced in return below the medium one.
+    earlier = [s for s in snapshots if s[0] < medium[0]]
+    replay = []
+    for fraction in (0.25, 0.5, 0.75):
+        goal = fraction * medium[1]
+        pick = min(earlier, key=lambda s: abs(s[1] - goal))
+        if pick not in replay:
+            replay.append(pick)
+    target.mkdir(parents=True, exist_ok=True)
+    chosen = {"expert": expert, "medium": medium} | {
+        f"replay_{i}": s for i, s in enumerate(sorted(replay, key=lambda s: s[0]))
+    }
+    rows = []
+    for name, (step, mean, path, actor) in chosen.items():
+        shutil.copyfile(path, target / f"{name}.pt")
+        rows.append(f"| `{name}.pt` | {step:,} | {mean:.1f} ± {actor.metadata['std_return']:.1f} |")
+    config = json.loads((run / "config.json").read_text())
+    print("\n".join(rows))
+    (target / "README.md").write_text(
+        README.format(
+            env=config["env"],
+            config=json.dumps(config, indent=1),
+            rows="\n".join(rows),
+            episodes=config["eval_episodes"],
+            hidden=config["actor_hidden"],
+        )
+    )
+
+
+README = """# Behaviour policies for {env}
+
+Actors (`trajectory_transformer.data.behaviour.GaussianActor`, 2 hidden layers of {hidden})
+trained by `scripts/train_behaviour_policy.py` (SAC, CPU, one thread). Each file is a plain
+state dict with the actor's shape, loaded with `torch.load(..., weights_only=True)`.
+
+| file | SAC step | return of the deterministic actor ({episodes} episodes, seeds 10,000+) |
+|---|---|---|
+{rows}
+
+`expert` is the best snapshot, `medium` the earlier one closest to a third of its return
+(D4RL's medium level), and the `replay_*` ones earlier snapshots at about a quarter, a half and
+three quarters of the medium return, whose noisy rollouts make `medium-replay`.
+
+Training settings:
+
+```json
+{config}
+```
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="Hopper-v5")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--random-steps", type=int, default=5_000)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--gamma", type=float, default=0.99)
+    parser.add_argument("--tau", type=float, default=0.005)
+    parser.add_argument("--actor-hidden", type=int, default=128)
+    parser.add_argument("--critic-hidden", type=int, default=128)
+    parser.add_argument("--eval-every", type=int, default=10_000)
+    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--select", metavar="DIR", help="copy the chosen snapshots to DIR")
+    args = parser.parse_args()
+    if args.select:
+        select(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()

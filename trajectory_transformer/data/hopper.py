@@ -1,0 +1,268 @@
+"""Embedded offline datasets for ``Hopper-v5``, collected from shipped SAC policies.
+
+The D4RL recipe on a terminating locomotion task, built on demand and offline like the
+Pendulum and Reacher suites. The behaviour policies are small actors trained once with SAC by
+``scripts/train_behaviour_policy.py`` and shipped in ``data/policies/hopper/`` (their README
+gives the recipe and the returns). Episodes are stepped by gymnasium's own ``Hopper-v5``
+(MuJoCo; a synchronous vector env, one distinct reset seed per episode). An episode ends by
+**termination** when the hopper falls (unhealthy height or angle) or by **truncation** at the
+1,000-step time limit; Minari stores the two flags apart, as the environment returned them.
+The data is what gymnasium and MuJoCo compute on the machine that builds it, so returns may
+differ between CPUs in the last digits.
+
+Datasets (the actors' tanh-mean actions plus Gaussian noise, clipped to ``[-1, 1]``):
+
+* ``hopper/medium-v0``: the medium actor (about a third of the expert's return), noise
+  ``NOISE["medium"]``, until ``TRANSITIONS["medium"]`` transitions.
+* ``hopper/medium-replay-v0``: noisy rollouts of the intermediate snapshots of the same SAC run
+  (at about a quarter, a half and three quarters of the medium return) and of the medium
+  actor, equal shares of ``TRANSITIONS["medium-replay"]``. D4RL's medium-replay is the replay
+  buffer of the medium policy's training; that buffer is not shipped, so its stages are
+  sampled again from snapshots.
+* ``hopper/expert-v0``: the expert actor, noise ``NOISE["expert"]``.
+* ``hopper/medium-expert-v0``: the episodes of ``medium-v0`` followed by those of
+  ``expert-v0`` (the same seeds, so the same episodes).
+
+Reference scores, stored in every dataset's metadata: ``ref_min_score`` is the mean return of
+the uniform random policy and ``ref_max_score`` that of the deterministic expert actor, each
+over 100 seeded episodes (:func:`reference_scores`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import gymnasium as gym
+import minari
+import numpy as np
+from minari.data_collector import EpisodeBuffer
+
+from trajectory_transformer.data import local_datasets
+from trajectory_transformer.data.behaviour import GaussianActor
+from trajectory_transformer.data.scores import normalized_score
+
+ENV_ID = "Hopper-v5"
+POLICY_DIR = Path(__file__).parent / "policies" / "hopper"
+REFERENCE_EPISODES = 100
+NOISE = {"medium": 0.1, "medium-replay": 0.1, "expert": 0.05}
+"""Standard deviation of the Gaussian action noise of each dataset's rollouts."""
+TRANSITIONS = {"medium": 100_000, "medium-replay": 60_000, "expert": 100_000}
+"""Each dataset is collected until it holds at least this many transitions."""
+WAVE = 25  # episodes stepped together in one vector env
+
+EMBEDDED_DATASETS: dict[str, str] = {
+    "hopper/medium-v0": "Hopper-v5, the SAC medium actor (a third of the expert) with noise.",
+    "hopper/medium-replay-v0": "Hopper-v5, noisy SAC snapshots from early training to medium.",
+    "hopper/expert-v0": "Hopper-v5, the SAC expert actor with small noise.",
+    "hopper/medium-expert-v0": "Hopper-v5, hopper/medium-v0 and hopper/expert-v0 together.",
+}
+
+# Disjoint ranges of reset seeds: one block of 10M per base seed, 1M per dataset kind.
+_SEED_BLOCK = 10_000_000
+_KIND_BLOCK = 1_000_000
+_KIND_OFFSET = {"medium": 1, "medium-replay": 2, "expert": 3, "evaluation": 9}
+
+
+def is_embedded(dataset_id: str) -> bool:
+    return dataset_id in EMBEDDED_DATASETS
+
+
+@functools.cache
+def actor(name: str) -> GaussianActor:
+    """A shipped actor: `expert`, `medium` or `replay_<i>`."""
+    path = POLICY_DIR / f"{name}.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"no shipped Hopper policy {path}")
+    return GaussianActor.load(path)
+
+
+def replay_actors() -> list[str]:
+    """The intermediate snapshots, earliest first, then the medium actor."""
+    return [p.stem for p in sorted(POLICY_DIR.glob("replay_*.pt"))] + ["medium"]
+
+
+@dataclass
+class Episodes:
+    """Whole episodes, each with its own length (observations have one more row)."""
+
+    seeds: list[int]
+    observations: list[np.ndarray]  # (T + 1, 11) float64
+    actions: list[np.ndarray]  # (T, 3) float32
+    rewards: list[np.ndarray]  # (T,) float64
+    terminations: list[np.ndarray]  # (T,) bool
+    truncations: list[np.ndarray]  # (T,) bool
+
+    @property
+    def returns(self) -> np.ndarray:
+        return np.array([r.sum() for r in self.rewards])
+
+    @property
+    def transitions(self) -> int:
+        return sum(len(r) for r in self.rewards)
+
+    def extend(self, other: Episodes) -> None:
+        for name in ("seeds", "observations", "actions", "rewards", "terminations", "truncations"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def buffers(self) -> list[EpisodeBuffer]:
+        return [
+            EpisodeBuffer(
+                id=i,
+                seed=self.seeds[i],
+                observations=self.observations[i],
+                actions=self.actions[i],
+                rewards=self.rewards[i],
+                terminations=self.terminations[i],
+                truncations=self.truncations[i],
+                infos={},
+            )
+            for i in range(len(self.seeds))
+        ]
+
+
+def rollout(
+    policy, seeds: list[int], rng: np.random.Generator, max_episode_steps: int | None = None
+) -> Episodes:
+    """One episode per reset seed, stepped together until each ends (its own length).
+
+    `policy(obs (N, 11), rng) -> actions (N, 3)`. An env whose episode has ended keeps being
+    stepped until the others end, and what it does then is dropped. `max_episode_steps`
+    replaces the env's time limit of 1,000 steps.
+    """
+    n = len(seeds)
+    limits = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="sync", **limits)
+    limit = max_episode_steps or gym.spec(ENV_ID).max_episode_steps
+    columns: dict[str, list[list]] = {k: [[] for _ in range(n)] for k in ("o", "a", "r", "d", "t")}
+    try:
+        obs, _ = env.reset(seed=[int(s) for s in seeds])
+        active = np.ones(n, dtype=bool)
+        for i in range(n):
+            columns["o"][i].append(obs[i])
+        steps = 0
+        while active.any():
+            actions = np.asarray(policy(obs, rng), dtype=np.float32)
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            steps += 1
+            for i in np.flatnonzero(active):
+                columns["a"][i].append(actions[i])
+                columns["r"][i].append(rewards[i])
+                columns["d"][i].append(terminated[i])
+                columns["t"][i].append(truncated[i])
+                columns["o"][i].append(obs[i])
+                if terminated[i] or truncated[i]:
+                    active[i] = False
+            if steps > limit:
+                raise RuntimeError(f"{ENV_ID} episodes outlasted the time limit of {limit}")
+    finally:
+        env.close()
+    return Episodes(
+        seeds=[int(s) for s in seeds],
+        observations=[np.asarray(o, dtype=np.float64) for o in columns["o"]],
+        actions=[np.asarray(a, dtype=np.float32) for a in columns["a"]],
+        rewards=[np.asarray(r, dtype=np.float64) for r in columns["r"]],
+        terminations=[np.asarray(d, dtype=bool) for d in columns["d"]],
+        truncations=[np.asarray(t, dtype=bool) for t in columns["t"]],
+    )
+
+
+def noisy(name: str, noise: float):
+    policy = actor(name)
+    return lambda obs, rng: policy.act(obs, noise, rng)
+
+
+def uniform_random(obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(-1.0, 1.0, size=(len(obs), 3))
+
+
+def collect(
+    policy, kind: str, seed: int, transitions: int, episodes: int | None = None, first: int = 0
+) -> Episodes:
+    """Waves of up to `WAVE` seeded episodes: `episodes` of them, or, without a count, until
+    at least `transitions` transitions."""
+    base = seed * _SEED_BLOCK + _KIND_OFFSET[kind] * _KIND_BLOCK + first
+    rng = np.random.default_rng([seed, _KIND_OFFSET[kind], first])
+    collected = Episodes([], [], [], [], [], [])
+    while (
+        collected.transitions < transitions if episodes is None else len(collected.seeds) < episodes
+    ):
+        start = base + len(collected.seeds)
+        wave = WAVE if episodes is None else min(WAVE, episodes - len(collected.seeds))
+        collected.extend(rollout(policy, list(range(start, start + wave)), rng))
+    return collected
+
+
+@functools.cache
+def reference_scores(seed: int = 0, episodes: int = REFERENCE_EPISODES) -> tuple[float, float]:
+    """(uniform random, deterministic expert) mean returns over `episodes` seeded episodes."""
+    first = seed * _SEED_BLOCK + _KIND_OFFSET["evaluation"] * _KIND_BLOCK
+    seeds = list(range(first, first + episodes))
+    rng = np.random.default_rng([seed, _KIND_OFFSET["evaluation"]])
+    random_returns = rollout(uniform_random, seeds, rng).returns
+    expert_returns = rollout(noisy("expert", 0.0), seeds, rng).returns
+    return float(random_returns.mean()), float(expert_returns.mean())
+
+
+def episodes_of(kind: str, seed: int, episodes: int | None = None) -> Episodes:
+    """The episodes of one dataset kind (`medium`, `medium-replay`, `expert`): `episodes` of
+    them (per snapshot for medium-replay), or by default `TRANSITIONS[kind]` transitions."""
+    if kind != "medium-replay":
+        return collect(noisy(kind, NOISE[kind]), kind, seed, TRANSITIONS[kind], episodes)
+    collected = Episodes([], [], [], [], [], [])
+    names = replay_actors()
+    for stage, name in enumerate(names):
+        share = TRANSITIONS[kind] // len(names)
+        policy = noisy(name, NOISE[kind])
+        collected.extend(collect(policy, kind, seed, share, episodes, first=stage * 100_000))
+    return collected
+
+
+def build_embedded_dataset(
+    dataset_id: str,
+    *,
+    overwrite: bool = False,
+    seed: int = 0,
+    episodes: int | None = None,
+    reference_episodes: int = REFERENCE_EPISODES,
+) -> minari.MinariDataset:
+    """Build (or load, unless `overwrite`) one Hopper dataset in the local Minari folder.
+
+    `episodes` per behaviour policy replaces the default transition budget (`TRANSITIONS`);
+    `seed` is the base of reset seeds and action noise.
+    """
+    if not is_embedded(dataset_id):
+        raise ValueError(f"unknown Hopper dataset {dataset_id!r}: {', '.join(EMBEDDED_DATASETS)}")
+    found = local_datasets.existing(dataset_id, overwrite)
+    if found is not None:
+        return found
+    kind = dataset_id.split("/")[1].removesuffix("-v0")
+    if kind == "medium-expert":
+        collected = episodes_of("medium", seed, episodes)
+        collected.extend(episodes_of("expert", seed, episodes))
+        noise = f"medium {NOISE['medium']}, expert {NOISE['expert']}"
+    else:
+        collected = episodes_of(kind, seed, episodes)
+        noise = str(NOISE[kind])
+    low, high = reference_scores(seed, reference_episodes)
+    returns = collected.returns
+    terminated = sum(bool(t[-1]) for t in collected.terminations)
+    description = (
+        f"{EMBEDDED_DATASETS[dataset_id]} {len(returns)} episodes, {collected.transitions} "
+        f"transitions ({terminated} ending by a fall), mean return {returns.mean():.1f}, "
+        f"normalised score {normalized_score(returns.mean(), low, high):.1f} (reference scores "
+        f"over {reference_episodes} episodes: uniform random {low:.1f}, expert {high:.1f}); "
+        f"action noise {noise}, base seed {seed}. Behaviour "
+        "policies: trajectory_transformer/data/policies/hopper (SAC)."
+    )
+    return local_datasets.write(
+        dataset_id,
+        collected.buffers(),
+        ENV_ID,
+        algorithm_name=f"SAC actor, {kind}",
+        ref_scores=(low, high),
+        reference_episodes=reference_episodes,
+        description=description,
+        namespace_description="Hopper-v5 datasets built locally from shipped SAC policies.",
+    )

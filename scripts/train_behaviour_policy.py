@@ -18,6 +18,7 @@ into the package, with a README of the recipe and the returns.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import shutil
@@ -71,12 +72,14 @@ def sample_action(actor: GaussianActor, obs: torch.Tensor) -> tuple[torch.Tensor
 
 class SAC:
     def __init__(self, obs_dim: int, act_dim: int, args: argparse.Namespace) -> None:
-        self.actor = GaussianActor(obs_dim, act_dim, args.actor_hidden)
-        self.critic = TwinQ(obs_dim + act_dim, args.critic_hidden)
-        self.target = TwinQ(obs_dim + act_dim, args.critic_hidden)
+        device = torch.device(args.device)
+        self.actor = GaussianActor(obs_dim, act_dim, args.actor_hidden).to(device)
+        self.critic = TwinQ(obs_dim + act_dim, args.critic_hidden).to(device)
+        self.target = TwinQ(obs_dim + act_dim, args.critic_hidden).to(device)
         self.target.load_state_dict(self.critic.state_dict())
         self.target.requires_grad_(False)
-        self.log_alpha = torch.zeros((), requires_grad=True)
+        self.log_alpha = torch.zeros((), device=device, requires_grad=True)
+        self.device = device
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=args.lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=args.lr)
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=args.lr)
@@ -160,13 +163,13 @@ def train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     checkpoint = run / "checkpoint.pt"
     if args.resume and checkpoint.is_file():
-        saved = torch.load(checkpoint, weights_only=False)
+        saved = torch.load(checkpoint, weights_only=False, map_location=args.device)
         sac.load(saved["sac"])
         step, episode = saved["step"], saved["episode"]
         for key in buffer:
             buffer[key][:step] = saved["buffer"][key]
         rng = saved["rng"]
-        torch.set_rng_state(saved["torch_rng"])
+        torch.set_rng_state(saved["torch_rng"].cpu())
         print(f"resumed at step {step}", flush=True)
     (run / "config.json").write_text(json.dumps(vars(args), indent=2))
     obs, _ = env.reset(seed=args.seed + episode)
@@ -183,8 +186,8 @@ def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, check
             action = rng.uniform(-1, 1, act_dim)
         else:
             with torch.no_grad():
-                action = sample_action(sac.actor, torch.as_tensor(obs[None], dtype=torch.float32))
-            action = action[0][0].numpy()
+                observation = torch.as_tensor(obs[None], dtype=torch.float32, device=sac.device)
+                action = sample_action(sac.actor, observation)[0][0].cpu().numpy()
         next_obs, reward, terminated, truncated, _ = env.step(action)
         for key, value in zip(
             buffer, (obs, action, reward, next_obs, float(terminated)), strict=True
@@ -197,11 +200,12 @@ def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, check
             obs, _ = env.reset(seed=args.seed + episode)
         if step >= args.random_steps:
             index = rng.integers(0, step, args.batch_size)
-            sac.update(*(torch.from_numpy(buffer[key][index]) for key in buffer))
+            sac.update(*(torch.from_numpy(buffer[key][index]).to(sac.device) for key in buffer))
         if step % args.eval_every == 0:
-            mean, std = evaluate(sac.actor, args.env, args.eval_episodes, seed=10_000)
+            actor = copy.deepcopy(sac.actor).cpu()  # snapshots are CPU actors
+            mean, std = evaluate(actor, args.env, args.eval_episodes, seed=10_000)
             elapsed = time.perf_counter() - start
-            sac.actor.save(
+            actor.save(
                 run / "snapshots" / f"step_{step:07d}.pt",
                 step=step,
                 mean_return=mean,
@@ -243,15 +247,17 @@ def select(args: argparse.Namespace) -> None:
     if not snapshots:
         raise SystemExit(f"no snapshots under {run / 'snapshots'}")
     expert = max(snapshots, key=lambda s: s[1])
-    medium = min(
-        (s for s in snapshots if s[0] < expert[0]), key=lambda s: abs(s[1] - expert[1] / 3)
-    )
-    # Intermediate policies for medium-replay: evenly spaced in return below the medium one.
+    before_expert = [s for s in snapshots if s[0] < expert[0]]
+    if not before_expert:
+        raise SystemExit("the best snapshot is the first one: train longer before selecting")
+    medium = min(before_expert, key=lambda s: abs(s[1] - expert[1] / 3))
+    # Intermediate policies for medium-replay: spaced in return below the medium one.
     earlier = [s for s in snapshots if s[0] < medium[0]]
+    if not earlier:
+        raise SystemExit("no snapshot precedes the medium one: evaluate more often (--eval-every)")
     replay = []
     for fraction in (0.25, 0.5, 0.75):
-        goal = fraction * medium[1]
-        pick = min(earlier, key=lambda s: abs(s[1] - goal))
+        pick = min(earlier, key=lambda s: abs(s[1] - fraction * medium[1]))
         if pick not in replay:
             replay.append(pick)
     target.mkdir(parents=True, exist_ok=True)
@@ -312,6 +318,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10_000)
     parser.add_argument("--eval-episodes", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda to update on a GPU")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--select", metavar="DIR", help="copy the chosen snapshots to DIR")
     args = parser.parse_args()

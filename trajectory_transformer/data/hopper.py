@@ -74,7 +74,11 @@ def actor(name: str) -> GaussianActor:
     """A shipped actor: `expert`, `medium` or `replay_<i>`."""
     path = POLICY_DIR / f"{name}.pt"
     if not path.is_file():
-        raise FileNotFoundError(f"no shipped Hopper policy {path}")
+        raise FileNotFoundError(
+            f"the Hopper behaviour policy {path} is missing: train and select the actors with "
+            "`python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper`, then "
+            f"`... --run-dir outputs/sac-hopper --select {POLICY_DIR}`"
+        )
     return GaussianActor.load(path)
 
 

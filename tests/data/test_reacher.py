@@ -10,7 +10,7 @@ import minari
 import numpy as np
 import pytest
 
-from trajectory_transformer.data import embedded, pendulum, reacher
+from trajectory_transformer.data import embedded, hopper, pendulum, reacher
 from trajectory_transformer.data.minari_source import DatasetError, load_episodes, load_minari
 
 FAST_REFERENCE = (-43.0, -3.6)
@@ -35,10 +35,11 @@ def test_embedded_ids():
     assert not reacher.is_embedded("mujoco/reacher/medium-v0")
 
 
-def test_registry_holds_both_families():
+def test_registry_holds_every_family():
     assert set(embedded.EMBEDDED_DATASETS) == set(pendulum.EMBEDDED_DATASETS) | {
         "reacher/medium-v0"
-    }
+    } | set(hopper.EMBEDDED_DATASETS)
+    assert embedded.family("hopper/medium-v0") is hopper
     assert embedded.family("reacher/medium-v0") is reacher
     assert embedded.family("pendulum/expert-v0") is pendulum
     assert all(embedded.is_embedded(d) for d in embedded.EMBEDDED_DATASETS)

@@ -111,19 +111,7 @@ class Episodes:
             getattr(self, name).extend(getattr(other, name))
 
     def buffers(self) -> list[EpisodeBuffer]:
-        return [
-            EpisodeBuffer(
-                id=i,
-                seed=self.seeds[i],
-                observations=self.observations[i],
-                actions=self.actions[i],
-                rewards=self.rewards[i],
-                terminations=self.terminations[i],
-                truncations=self.truncations[i],
-                infos={},
-            )
-            for i in range(len(self.seeds))
-        ]
+        return local_datasets.episode_buffers(self)
 
 
 def rollout(

@@ -14,6 +14,24 @@ from minari.storage import get_dataset_path
 AUTHOR = "trajectory-transformer"
 
 
+def episode_buffers(episodes, first_id: int = 0) -> list[EpisodeBuffer]:
+    """Minari episode buffers of a rollout whose `seeds`, `observations`, `actions`,
+    `rewards`, `terminations` and `truncations` hold one entry per episode."""
+    return [
+        EpisodeBuffer(
+            id=first_id + i,
+            seed=int(episodes.seeds[i]),
+            observations=episodes.observations[i],
+            actions=episodes.actions[i],
+            rewards=episodes.rewards[i],
+            terminations=episodes.terminations[i],
+            truncations=episodes.truncations[i],
+            infos={},
+        )
+        for i in range(len(episodes.seeds))
+    ]
+
+
 def existing(dataset_id: str, overwrite: bool) -> minari.MinariDataset | None:
     """The local dataset of that id, unless `overwrite` (which deletes it) or there is none."""
     path = get_dataset_path(dataset_id)

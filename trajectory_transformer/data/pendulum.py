@@ -207,19 +207,7 @@ class Rollout:
         return self.rewards.sum(axis=1)
 
     def buffers(self, first_id: int = 0) -> list[EpisodeBuffer]:
-        return [
-            EpisodeBuffer(
-                id=first_id + i,
-                seed=int(self.seeds[i]),
-                observations=self.observations[i],
-                actions=self.actions[i],
-                rewards=self.rewards[i],
-                terminations=self.terminations[i],
-                truncations=self.truncations[i],
-                infos={},
-            )
-            for i in range(len(self.seeds))
-        ]
+        return local_datasets.episode_buffers(self, first_id)
 
 
 def rollout(policy: Policy, seeds: np.ndarray, rng: np.random.Generator) -> Rollout:

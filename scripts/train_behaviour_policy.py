@@ -80,9 +80,9 @@ class SAC:
         self.target.requires_grad_(False)
         self.log_alpha = torch.zeros((), device=device, requires_grad=True)
         self.device = device
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=args.lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=args.lr)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=args.lr)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=args.lr, fused=True)
+        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=args.lr, fused=True)
+        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=args.lr, fused=True)
         self.target_entropy = -float(act_dim)
         self.gamma, self.tau = args.gamma, args.tau
 

@@ -38,6 +38,9 @@ def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_ch
         "normalized_scores",
     ):
         assert key in in_run_dir
+    # The dataset's own reference scores, named next to the scores they normalise.
+    assert (in_run_dir["ref_min_score"], in_run_dir["ref_max_score"]) == (-1200.0, -150.0)
+    assert in_run_dir["reference_source"] == "dataset metadata"
     assert in_run_dir["settings"]["planner"]["horizon"] == 2
 
 
@@ -153,9 +156,9 @@ def test_explicit_reference_scores_override_the_datasets(tmp_path, tiny_checkpoi
     )
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
-    reference = results["settings"]["reference_scores"]
-    assert (reference["ref_min_score"], reference["ref_max_score"]) == (-2000.0, 0.0)
-    assert reference["source"].startswith("explicit")
+    assert (results["ref_min_score"], results["ref_max_score"]) == (-2000.0, 0.0)
+    assert results["reference_source"] == "explicit"
+    assert "(explicit)" in result.stdout
     expected = [100 * (r + 2000) / 2000 for r in results["returns"]]
     assert results["normalized_scores"] == pytest.approx(expected)
 
@@ -176,23 +179,21 @@ def test_the_d4rl_table_normalises_a_hopper_run_with_a_warning(tmp_path):
     checkpoint = untrained_checkpoint(tmp_path / "run" / "checkpoint.pt", "test/hopper-v0")
     plain = tt_eval(f"checkpoint={checkpoint}", *SMALL_PLANNER, run_dir=tmp_path / "plain")
     assert plain.returncode == 0, plain.stderr
-    assert "no normalized score" in plain.stdout and "eval.reference=d4rl" in plain.stdout
-    assert (
-        json.loads((tmp_path / "plain" / "results.json").read_text())["settings"][
-            "reference_scores"
-        ]
-        is None
-    )
+    # Minari's MuJoCo datasets carry no scores: the output says so, and how to get some.
+    assert "no normalized score" in plain.stdout
+    assert "eval.ref_min_score" in plain.stdout and "eval.reference=d4rl" in plain.stdout
+    plain_results = json.loads((tmp_path / "plain" / "results.json").read_text())
+    assert plain_results["normalized_score_mean"] is None
+    assert plain_results["reference_source"] is None
 
     result = tt_eval(
         f"checkpoint={checkpoint}", *SMALL_PLANNER, "eval.reference=d4rl", run_dir=tmp_path / "d4rl"
     )
     assert result.returncode == 0, result.stderr
-    assert "v2 MuJoCo environments" in result.stderr
+    assert "v2 MuJoCo environments" in result.stderr and "not on Hopper-v5" in result.stderr
     results = json.loads((tmp_path / "d4rl" / "results.json").read_text())
-    reference = results["settings"]["reference_scores"]
-    assert (reference["ref_min_score"], reference["ref_max_score"]) == (-20.272305, 3234.3)
-    assert "D4RL" in reference["source"]
+    assert (results["ref_min_score"], results["ref_max_score"]) == (-20.272305, 3234.3)
+    assert results["reference_source"] == "d4rl (v2 envs)"
     expected = [100 * (r + 20.272305) / (3234.3 + 20.272305) for r in results["returns"]]
     assert results["normalized_scores"] == pytest.approx(expected)
 
@@ -203,3 +204,5 @@ def test_the_d4rl_table_refuses_an_env_it_does_not_cover(tmp_path, tiny_checkpoi
     )
     assert result.returncode == 2
     assert "no row for env 'Pendulum-v1'" in result.stderr and "hopper" in result.stderr
+    assert "give eval.ref_min_score and eval.ref_max_score instead" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -48,15 +48,7 @@ def run(cfg: EvaluateConfig) -> dict:
             file=sys.stderr,
         )
     info = planner.dataset
-    episodes = cfg.eval.episodes
-    env = make_vector_env(
-        info,
-        min(cfg.eval.num_envs, episodes),
-        cfg.eval.env_id,
-        cfg.eval.asynchronous,
-        render=cfg.eval.video,
-        max_episode_steps=cfg.eval.max_episode_steps,
-    )
+    # Settled before any env starts, so that a request that cannot be honoured fails first.
     scores, no_score_reason, warning = reference_scores.resolve(
         dataset_scores=(info.ref_min_score, info.ref_max_score),
         env_id=cfg.eval.env_id or info.eval_env_id,
@@ -67,6 +59,15 @@ def run(cfg: EvaluateConfig) -> dict:
     )
     if warning:
         print(warning, file=sys.stderr)
+    episodes = cfg.eval.episodes
+    env = make_vector_env(
+        info,
+        min(cfg.eval.num_envs, episodes),
+        cfg.eval.env_id,
+        cfg.eval.asynchronous,
+        render=cfg.eval.video,
+        max_episode_steps=cfg.eval.max_episode_steps,
+    )
     try:
         check_env_matches(info, env)
         record = None
@@ -84,6 +85,7 @@ def run(cfg: EvaluateConfig) -> dict:
             progress=cfg.eval.progress,
             observers=[] if record is None else [record],
             no_score_reason=no_score_reason or "",
+            reference_source=None if scores is None else scores.source,
         )
     finally:
         env.close()
@@ -96,7 +98,6 @@ def run(cfg: EvaluateConfig) -> dict:
         "planner": dataclasses.asdict(planner.config),
         "eval": OmegaConf.to_container(cfg.eval, resolve=True),
         "device": str(device),
-        "reference_scores": None if scores is None else scores.as_dict(),
     }
     next_to_checkpoint = Path(cfg.checkpoint).parent / f"eval_{preset}_seed{cfg.eval.seed}.json"
     result.write(run_dir / "results.json", next_to_checkpoint)

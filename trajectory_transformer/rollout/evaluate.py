@@ -26,6 +26,12 @@ class EvalResult:
     planning_seconds: float
     env_steps: int
     wall_seconds: float
+    ref_min_score: float | None = None
+    """The return that normalises to 0, where the scores are normalised."""
+    ref_max_score: float | None = None
+    """The return that normalises to 100."""
+    reference_source: str | None = None
+    """Where the reference scores came from (`dataset metadata`, `explicit`, `d4rl (v2 envs)`)."""
     settings: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
@@ -35,6 +41,11 @@ class EvalResult:
         if self.normalized_scores is not None:
             score_mean, score_stderr = mean_and_stderr(self.normalized_scores)
             result |= {"normalized_score_mean": score_mean, "normalized_score_stderr": score_stderr}
+            result |= {
+                "ref_min_score": self.ref_min_score,
+                "ref_max_score": self.ref_max_score,
+                "reference_source": self.reference_source,
+            }
         else:
             result |= {"normalized_score_mean": None, "normalized_score_stderr": None}
             result["no_score_reason"] = self.no_score_reason
@@ -52,6 +63,8 @@ class EvalResult:
                 f" | normalized score {summary['normalized_score_mean']:.1f} ± "
                 f"{summary['normalized_score_stderr']:.1f}"
             )
+            if self.reference_source:
+                text += f" ({self.reference_source})"
         else:
             text += f" | no normalized score: {self.no_score_reason}"
         return text + f" | {summary['ms_per_env_step']:.1f} ms planning per env-step"
@@ -72,14 +85,15 @@ def evaluate(
     progress: bool = True,
     observers: Sequence[EvaluationObserver] = (),
     no_score_reason: str = "the dataset carries no ref_min_score/ref_max_score",
+    reference_source: str | None = "dataset metadata",
 ) -> EvalResult:
     """Play `episodes` episodes with seeds `seed, seed+1, ...`, `env.num_envs` at a time.
 
     Each wave starts every env with its own seed and runs until all of them are done. A
     finished env keeps stepping (its auto-reset episode is ignored) so shapes never change.
     `observers` (an `EpisodeRecord`, say) are told of every reset, action and step. Returns
-    are normalised by `ref_scores` (min, max) when both are given, else `no_score_reason` says
-    why not.
+    are normalised by `ref_scores` (min, max) when both are given, and the result names them
+    and their `reference_source`; else `no_score_reason` says why not.
     """
     num_envs = env.num_envs
     returns, lengths, seeds = [], [], []
@@ -135,6 +149,9 @@ def evaluate(
         seeds=seeds,
         normalized_scores=None if scores is None else scores.tolist(),
         no_score_reason=None if scores is not None else no_score_reason,
+        ref_min_score=None if scores is None else float(ref_scores[0]),
+        ref_max_score=None if scores is None else float(ref_scores[1]),
+        reference_source=None if scores is None else reference_source,
         planning_seconds=planning_seconds,
         env_steps=env_steps,
         wall_seconds=time.perf_counter() - start,

@@ -113,8 +113,9 @@ class PretendLauncher:
     """Stands in for `launch`: writes what a finished job leaves behind, records every job it
     ran, and can raise KeyboardInterrupt (a Ctrl-C) when asked to launch a given label."""
 
-    def __init__(self, interrupt_at: str | None = None):
+    def __init__(self, interrupt_at: str | None = None, reference=None):
         self.interrupt_at = interrupt_at
+        self.reference = reference  # what tt-eval names next to its scores; per agent if a dict
         self.ran: list[str] = []
 
     def __call__(self, jobs, root, label, launcher):
@@ -130,6 +131,10 @@ class PretendLauncher:
                 agent, seed = folder.parent.name, int(folder.name.removeprefix("seed"))
                 score = TRUE_SCORES[agent] + np.sin(seed)  # a little spread across seeds
                 results = {"normalized_score_mean": score, "return_mean": score}
+                reference = self.reference
+                if reference is not None and "reference_source" not in reference:
+                    reference = reference[agent]
+                results |= reference or {}
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "results.json").write_text(json.dumps(results))
             self.ran.append(job.run_dir)
@@ -179,3 +184,96 @@ def test_an_override_that_tt_train_or_tt_eval_would_reject_stops_before_any_job(
     with pytest.raises(ConfigError, match=r"planner\.horizon must be at least 1"):
         run_compare(tmp_path, launcher, 'compare.agents.bc.eval=["planner.horizon=0"]')
     assert launcher.ran == [] and not (tmp_path / "compare.json").exists()
+
+
+# --- reference scores: the same settings as tt-eval's, on one scale for every agent ---------
+
+D4RL_HOPPER = {
+    "ref_min_score": -20.272305,
+    "ref_max_score": 3234.3,
+    "reference_source": "d4rl (v2 envs)",
+}
+
+
+def test_reference_scores_in_the_shared_eval_list_normalise_every_agent(
+    tmp_path, monkeypatch, capsys
+):
+    launcher = PretendLauncher(reference=D4RL_HOPPER)
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    settings = ["compare.n=2", "compare.K=1", "compare.B=100", "compare.dataset=hopper-medium"]
+    state = run_compare(tmp_path, launcher, *settings, 'compare.eval=["eval.reference=d4rl"]')
+    assert all("eval.reference=d4rl" in job for job in _eval_args(tmp_path))
+    assert state.normalized and state.reference == D4RL_HOPPER
+    saved = json.loads((tmp_path / "compare.json").read_text())
+    assert saved["reference"] == D4RL_HOPPER
+    out, err = capsys.readouterr()
+    assert "reference: d4rl (v2 envs), -20.272305 to 3234.3" in out
+    assert err.count("v2 MuJoCo environments") == 1  # warned once, not once per agent
+
+
+def test_the_d4rl_row_of_a_local_dataset_comes_from_its_env(tmp_path, monkeypatch, capsys):
+    from conftest import create_dataset
+
+    # An id that names no family: its metadata's env (Hopper-v5) picks the row.
+    create_dataset("test/mine-v0", obs_dim=11, act_dim=3, env="Hopper-v5", ref_scores=None)
+    launcher = PretendLauncher(reference=D4RL_HOPPER)
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    settings = [
+        "compare.n=1",
+        "compare.K=1",
+        "compare.B=100",
+        'compare.train=["dataset.id=test/mine-v0"]',
+    ]
+    run_compare(tmp_path, launcher, *settings, 'compare.eval=["eval.reference=d4rl"]')
+    assert "D4RL's hopper reference returns" in capsys.readouterr().err
+
+
+def _eval_args(root: Path) -> list[str]:
+    return [
+        " ".join(job["args"])
+        for jobs in root.glob("jobs/*-eval/jobs.json")
+        for job in json.loads(jobs.read_text())
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (['compare.eval=["eval.ref_min_score=0"]'], "give both eval.ref_min_score and"),
+        (
+            ['compare.eval=["eval.reference=d4rl","eval.ref_min_score=0","eval.ref_max_score=1"]'],
+            "ambiguous",
+        ),
+        # pendulum-medium: D4RL has no Pendulum row.
+        (['compare.eval=["eval.reference=d4rl"]'], "no row for dataset 'pendulum/medium-v0'"),
+        (
+            ['compare.eval=["eval.reference=d4rl","eval.env_id=Pendulum-v1"]'],
+            "no row for env 'Pendulum-v1'",
+        ),
+        (
+            [
+                "compare.dataset=hopper-medium",
+                'compare.agents.bc.eval=["planner=bc","eval.reference=d4rl"]',
+            ],
+            r"different reference scores \(planner: the dataset's own, bc: d4rl",
+        ),
+    ],
+)
+def test_reference_settings_that_tt_eval_would_refuse_stop_before_any_job(
+    tmp_path, monkeypatch, overrides, message
+):
+    launcher = PretendLauncher()
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    with pytest.raises(ConfigError, match=message):
+        run_compare(tmp_path, launcher, *overrides)
+    assert launcher.ran == [] and not (tmp_path / "compare.json").exists()
+
+
+def test_evaluations_on_different_scales_are_refused(tmp_path, monkeypatch):
+    explicit = {"ref_min_score": 0.0, "ref_max_score": 1.0, "reference_source": "explicit"}
+    by_agent = {"planner": D4RL_HOPPER, "bc": explicit, "narrow": D4RL_HOPPER}
+    launcher = PretendLauncher(reference=by_agent)
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    with pytest.raises(ComparisonError, match="not scored on one scale") as error:
+        run_compare(tmp_path, launcher, "compare.n=1", "compare.K=1", "compare.B=100")
+    assert "normalised by explicit reference scores (0.0 to 1.0)" in str(error.value)

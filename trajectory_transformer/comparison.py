@@ -243,6 +243,45 @@ def read_score(job: Job) -> tuple[float, bool]:
     return float(results["return_mean"]), False
 
 
+REFERENCE_KEYS = ("ref_min_score", "ref_max_score", "reference_source")
+
+
+def read_reference(job: Job) -> dict | None:
+    """The reference scores that normalised a finished evaluation (tt-eval's `ref_min_score`,
+    `ref_max_score`, `reference_source`), None where its scores are returns."""
+    results = json.loads((Path(job.run_dir) / "results.json").read_text())
+    if results.get("normalized_score_mean") is None:
+        return None
+    return {key: results.get(key) for key in REFERENCE_KEYS}
+
+
+def check_one_reference(references: dict[str, dict | None]) -> dict | None:
+    """The one reference of every evaluation (`references`: run dir -> reference), else an
+    error: scores normalised by other references, or returns beside normalised scores, are on
+    other scales, and a test over them would compare the scales."""
+    seen = {json.dumps(reference, sort_keys=True) for reference in references.values()}
+    if len(seen) > 1:
+        shown = "\n  ".join(
+            f"{run_dir}: {describe_reference(reference)}"
+            for run_dir, reference in list(references.items())[:6]
+        )
+        raise ComparisonError(
+            "the evaluations were not scored on one scale; every agent must be normalised by "
+            "the same reference scores (set eval.ref_min_score/eval.ref_max_score or "
+            "eval.reference in the comparison's shared `eval` list, not per agent):\n  " + shown
+        )
+    return next(iter(references.values()), None)
+
+
+def describe_reference(reference: dict | None) -> str:
+    if reference is None:
+        return "returns (no reference scores)"
+    return (
+        f"normalised by {reference['reference_source']} reference scores "
+        f"({reference['ref_min_score']} to {reference['ref_max_score']})"
+    )
+
+
 @dataclass
 class ComparisonState:
     """Everything a comparison has done, as JSON: rerunning the same command continues it."""
@@ -252,6 +291,9 @@ class ComparisonState:
     """Per finished interim: agent -> {seed: score}."""
     normalized: bool = True
     """False once a score is a mean return (a dataset without reference scores)."""
+    reference: dict | None = None
+    """The reference scores every evaluation was normalised by (`ref_min_score`,
+    `ref_max_score`, `reference_source`), None where the scores are returns."""
     decisions: dict[str, str] = field(default_factory=dict)
     """'agent vs agent' -> larger | smaller | equal | continue."""
     decided_at: dict[str, int] = field(default_factory=dict)
@@ -382,8 +424,13 @@ def summarize(
     return agents, rows
 
 
-def decisions_markdown(rows: list[dict], normalized: bool) -> str:
+def decisions_markdown(rows: list[dict], normalized: bool, reference: dict | None = None) -> str:
     unit = "normalised score" if normalized else "return (no reference scores)"
+    if normalized and reference is not None and reference.get("reference_source"):
+        unit += (
+            f" (reference: {reference['reference_source']}, {reference['ref_min_score']} to "
+            f"{reference['ref_max_score']})"
+        )
     lines = [
         "| comparison | mean 1 | mean 2 | mean 1 - mean 2 | decision | interims | P(1 > 2) |",
         "|---|---|---|---|---|---|---|",

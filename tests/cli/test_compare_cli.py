@@ -25,6 +25,8 @@ TINY_COMPARISON = [
             "planner.context_transitions=1",
             "eval.num_envs=1",
             "eval.max_episode_steps=5",
+            "eval.ref_min_score=-2000",  # in place of the dataset's (-1200, -150)
+            "eval.ref_max_score=0",
             "device=cpu",
         ]
     ),
@@ -48,6 +50,13 @@ def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
     state = json.loads((tmp_path / "compare.json").read_text())
     assert state["finished"] and state["trainings_run"] == 1 and state["evaluations_run"] == 2
     assert set(state["scores"][0]) == {"planner", "bc"}
+    # tt-eval's reference scores, taken from the comparison's shared eval list, are named.
+    assert state["normalized"] and state["reference"] == {
+        "ref_min_score": -2000.0,
+        "ref_max_score": 0.0,
+        "reference_source": "explicit",
+    }
+    assert "normalised score (reference: explicit, -2000.0 to 0.0)" in result.stdout
     for name in ("decisions.csv", "agents.csv", "comparison_scores.png", "comparison_profile.png"):
         assert (tmp_path / name).is_file()
     if launcher:

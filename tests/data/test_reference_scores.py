@@ -81,7 +81,7 @@ def test_without_scores_the_reason_says_how_to_get_them():
         ({"reference": "d4rl", "ref_min_score": 0.0, "ref_max_score": 1.0}, "ambiguous"),
         ({"reference": "atari"}, "not a known table"),
         ({"reference": "d4rl", "env_id": "Ant-v5"}, "no row for env 'Ant-v5'"),
-        ({"reference": "d4rl"}, "no row for env None"),
+        ({"reference": "d4rl", "dataset_id": "my/own-v0"}, r"dataset 'my/own-v0' \(env unknown"),
         ({"ref_min_score": 5.0, "ref_max_score": 5.0}, "are equal"),
         ({"dataset_scores": (3.0, 3.0)}, "are equal"),
     ],

@@ -37,11 +37,16 @@ from trajectory_transformer.comparison import (
     Interim,
     Job,
     agents_markdown,
+    check_one_reference,
     decisions_markdown,
+    describe_reference,
     plan_interim,
+    read_reference,
     read_score,
     summarize,
 )
+from trajectory_transformer.data import reference_scores
+from trajectory_transformer.data.minari_source import local_eval_env_id
 from trajectory_transformer.planning import PlannerConfig
 
 
@@ -54,7 +59,9 @@ def spec_of(cfg: DictConfig) -> ComparisonSpec:
 
 def check_agents(spec: ComparisonSpec) -> None:
     """Compose every agent's tt-train and tt-eval configs now, so that an override they would
-    reject stops the comparison before any training."""
+    reject stops the comparison before any training; and check that every agent's scores will
+    be normalised by the same reference scores (see `reference_of`)."""
+    references, warnings = {}, set()
     for agent in spec.agents:
         for command, name, overrides in (
             ("tt-train", "train", [*spec.training_overrides(agent), "seed=0"]),
@@ -63,13 +70,43 @@ def check_agents(spec: ComparisonSpec) -> None:
             try:
                 cfg = compose(config_name=name, overrides=overrides)
                 reject_unknown_keys(cfg)
-                if name == "eval":
+                if name == "train":
+                    dataset = cfg.dataset
+                else:
                     PlannerConfig(**OmegaConf.to_container(cfg.planner, resolve=True))
+                    references[agent.name], warning = reference_of(cfg.eval, dataset)
+                    warnings.add(warning)
             except (HydraException, OmegaConfBaseException, ValueError) as error:
                 reason = str(error).strip().splitlines()[0]
                 raise ConfigError(
                     f"agent {agent.name}: {command} would reject {' '.join(overrides)}: {reason}"
                 ) from None
+    if len(set(references.values())) > 1:
+        shown = ", ".join(f"{name}: {reference}" for name, reference in references.items())
+        raise ConfigError(
+            f"the agents would be normalised by different reference scores ({shown}); set "
+            "eval.ref_min_score/eval.ref_max_score or eval.reference in the comparison's "
+            "shared `eval` list, not per agent"
+        )
+    for warning in sorted(filter(None, warnings)):
+        print(warning, file=sys.stderr)
+
+
+def reference_of(eval_cfg: DictConfig, dataset: DictConfig) -> tuple[str, str | None]:
+    """(the reference scores an agent's evaluations will ask for, in words; the warning tt-eval
+    will print), checked as tt-eval checks them (`data/reference_scores.py`) before any
+    training. The dataset's own scores are known only once it is loaded, the same for all."""
+    low, high = eval_cfg.ref_min_score, eval_cfg.ref_max_score
+    reference_scores.check_request(low, high, eval_cfg.reference)
+    if low is not None:
+        return f"{reference_scores.EXPLICIT} ({float(low)} to {float(high)})", None
+    if eval_cfg.reference != "d4rl":
+        return "the dataset's own", None
+    # tt-eval's env: eval.env_id, else the checkpoint's (dataset.env_id, else the dataset's).
+    env_id = eval_cfg.env_id or dataset.env_id or local_eval_env_id(dataset.id)
+    family, low, high = reference_scores.d4rl_row(env_id, dataset.id)
+    warning = reference_scores.d4rl_warning(family, env_id)
+    return f"{reference_scores.D4RL_V2} {family} ({low} to {high})", warning
 
 
 def launcher_overrides() -> list[str]:
@@ -130,11 +167,13 @@ def run_job(jobs_file: str, index: int) -> None:
 
 def run_interim(
     interim: Interim, root: Path, launcher: list[str]
-) -> tuple[dict[str, dict[str, float]], bool]:
-    """Every agent's score per seed, and whether all of them are normalised scores."""
+) -> tuple[dict[str, dict[str, float]], bool, dict | None]:
+    """Every agent's score per seed, whether all of them are normalised scores, and the one
+    reference that normalised them all (an error when the evaluations disagree)."""
     launch(interim.trainings, root, f"interim{interim.index}-train", launcher)
     evaluations = [job for jobs in interim.evaluations.values() for job in jobs.values()]
     launch(evaluations, root, f"interim{interim.index}-eval", launcher)
+    reference = check_one_reference({job.run_dir: read_reference(job) for job in evaluations})
     read = {
         agent: {str(seed): read_score(job) for seed, job in jobs.items()}
         for agent, jobs in interim.evaluations.items()
@@ -143,7 +182,7 @@ def run_interim(
         agent: {seed: s for seed, (s, _) in by_seed.items()} for agent, by_seed in read.items()
     }
     normalized = all(n for by_seed in read.values() for _, n in by_seed.values())
-    return scores, normalized
+    return scores, normalized, reference
 
 
 def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState:
@@ -171,8 +210,15 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
             f"checkpoints), {sum(map(len, interim.evaluations.values()))} evaluations",
             flush=True,
         )
-        scores, normalized = run_interim(interim, root, launcher)
+        scores, normalized, reference = run_interim(interim, root, launcher)
+        if state.scores and state.reference not in (None, reference):
+            raise ComparisonError(
+                f"interim {index + 1} was scored as {describe_reference(reference)}, the "
+                f"interims before it as {describe_reference(state.reference)}; run the "
+                "comparison as it was, or in another run directory (hydra.run.dir=...)"
+            )
         state.normalized = state.normalized and normalized
+        state.reference = reference if state.normalized else None
         state.trainings_run += len(interim.trainings)
         state.trainings_shared += interim.shared
         state.evaluations_run += sum(map(len, interim.evaluations.values()))
@@ -190,7 +236,7 @@ def report(spec: ComparisonSpec, state: ComparisonState, root: Path) -> None:
     from trajectory_transformer import viz  # matplotlib only here
 
     agents, rows = summarize(spec, state)
-    print(decisions_markdown(rows, state.normalized))
+    print(decisions_markdown(rows, state.normalized, state.reference))
     print(agents_markdown(agents))
     print(
         f"{state.trainings_run} trainings ({state.trainings_shared} more saved by sharing "

@@ -144,8 +144,7 @@ def dataset_info(
     spec_json = None
     eval_env_id = env_id
     if env_id is None:
-        # Minari parses the eval env spec from its metadata but keeps it private.
-        spec = getattr(dataset, "_eval_env_spec", None) or dataset.spec.env_spec
+        spec = _eval_env_spec(dataset)
         if spec is not None:
             spec_json = spec.to_json()
             eval_env_id = spec.id
@@ -163,6 +162,20 @@ def dataset_info(
         num_episodes=episodes.num_episodes,
         num_transitions=episodes.num_transitions,
     )
+
+
+def _eval_env_spec(dataset: minari.MinariDataset) -> gym.envs.registration.EnvSpec | None:
+    # Minari parses the eval env spec from its metadata but keeps it private.
+    return getattr(dataset, "_eval_env_spec", None) or dataset.spec.env_spec
+
+
+def local_eval_env_id(dataset_id: str) -> str | None:
+    """The evaluation env id of a dataset that is already local, without reading its
+    episodes; None when it is not local (or names no env)."""
+    if dataset_id not in local_dataset_ids():
+        return None
+    spec = _eval_env_spec(minari.load_dataset(dataset_id))
+    return None if spec is None else spec.id
 
 
 def _optional_float(value: object) -> float | None:

@@ -67,9 +67,10 @@ def d4rl_row(env_id: str | None, dataset_id: str | None = None) -> tuple[str, fl
         family = re.sub(r"v\d+$", "", word)
         if family in D4RL:
             return (family, *D4RL[family])
+    evaluated = f"env {env_id!r}" if env_id else f"dataset {dataset_id!r} (env unknown)"
     raise ReferenceScoreError(
-        f"eval.reference=d4rl has no row for env {env_id!r} (dataset {dataset_id!r}): D4RL's "
-        f"table covers {', '.join(D4RL)} (e.g. Hopper-v5 or mujoco/hopper/medium-v0); give "
+        f"eval.reference=d4rl has no row for {evaluated}: D4RL's table covers "
+        f"{', '.join(D4RL)} (e.g. Hopper-v5 or mujoco/hopper/medium-v0); give "
         "eval.ref_min_score and eval.ref_max_score instead"
     )
 

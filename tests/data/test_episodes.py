@@ -79,3 +79,50 @@ def test_episode_returns():
     episodes = make_episodes([2, 3], [False, False])
     r = episodes.rewards
     np.testing.assert_allclose(episodes.episode_returns(), [r[:2].sum(), r[2:].sum()], rtol=1e-6)
+
+
+def test_value_targets_from_minari_flags_penalise_terminations_and_not_truncations():
+    """From a Minari dataset's termination and truncation flags to the reward and value tokens,
+    against a plain computation: a fall (or a fall on the time limit's last step) is penalised
+    and the penalty flows into the earlier values; a time-limit cut is not, and its values are
+    the plain reward-to-go of its own rewards (nothing crosses from a neighbouring episode)."""
+    from conftest import create_dataset, make_episode
+
+    from trajectory_transformer.data.minari_source import load_episodes
+
+    discount, penalty = 0.9, -100.0
+    ends = [("fell", 5), ("cut", 6), ("fell at the limit", 4), ("fell", 1), ("cut", 3)]
+    rng = np.random.default_rng(3)
+    buffers = []
+    for i, (end, length) in enumerate(ends):
+        buffer = make_episode(rng, length, 3, 1, terminated=end != "cut", seed=i)
+        if end == "fell at the limit":
+            buffer.truncations[-1] = True  # TimeLimit flags both when the fall is its last step
+        buffers.append(buffer)
+    create_dataset("test/ends-v0", buffers=buffers)
+
+    episodes, _ = load_episodes("test/ends-v0")
+    rows = joint_transitions(episodes, discount=discount, terminal_penalty=penalty)
+
+    expected_rewards, expected_values = [], []
+    for buffer, (end, length) in zip(buffers, ends, strict=True):
+        rewards = [float(r) for r in buffer.rewards]
+        if end != "cut":
+            rewards[-1] += penalty
+        for t in range(length):
+            following = range(t + 1, length)
+            expected_values.append(sum(discount ** (k - t - 1) * rewards[k] for k in following))
+        expected_rewards += rewards
+    np.testing.assert_allclose(rows[:, -2], expected_rewards, rtol=1e-6, atol=1e-5)
+    np.testing.assert_allclose(rows[:, -1], expected_values, rtol=1e-5, atol=1e-4)
+
+    starts = np.cumsum([0] + [length for _, length in ends])
+    for (end, _), start, stop in zip(ends, starts[:-1], starts[1:], strict=True):
+        assert episodes.terminated[stop - 1] == (end != "cut")
+        assert episodes.truncated[stop - 1] == (end == "cut")
+        assert rows[stop - 1, -1] == 0.0  # nothing follows an episode's last step
+        if end == "cut":
+            raw = episodes.rewards[start:stop].astype(np.float64)
+            plain = brute_force_values(raw, [stop - start], discount)
+            np.testing.assert_allclose(rows[start:stop, -1], plain, rtol=1e-5, atol=1e-5)
+            assert rows[stop - 1, -2] == pytest.approx(raw[-1], abs=1e-6)

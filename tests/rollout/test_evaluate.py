@@ -132,3 +132,114 @@ def test_every_wave_draws_its_own_random_numbers(tiny_checkpoint):
     reset(2)
     default_stream = planner.generator.get_state()
     assert not any(state.equal(default_stream) for state in states)
+
+
+# --- a vector rollout of terminating envs: every episode scored once, on its own rewards ---
+
+
+class FallingEnv(gym.Env):
+    """Falls (terminates) after a seed-dependent 1 to 8 steps, unless its time limit (6 steps,
+    a truncation) comes first. Rewards are drawn from the seed and differ at every step but do
+    not depend on the action, so an episode's return is known without replaying the agent;
+    observations and actions have Pendulum's shapes, so the tiny checkpoint plans here."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    limit = 6
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)  # an autoreset (seed None) continues the seed's stream
+        self.fall = int(self.np_random.integers(1, 9))
+        self.t = 0
+        return self._observation(0.0), {}
+
+    def step(self, action):
+        self.t += 1
+        reward = float(self.np_random.uniform(1.0, 2.0))
+        terminated = self.t >= self.fall
+        truncated = self.t >= self.limit and not terminated
+        return self._observation(reward), reward, terminated, truncated, {}
+
+    def _observation(self, reward):
+        return np.array([self.t, self.fall, reward], np.float32)
+
+
+def reference_episode(seed: int) -> tuple[float, int, bool]:
+    """(return, length, terminated) of the episode of `seed`, played alone."""
+    env = FallingEnv()
+    env.reset(seed=seed)
+    total, steps, done = 0.0, 0, False
+    while not done:
+        _, reward, terminated, truncated, _ = env.step(np.zeros(1, np.float32))
+        total, steps, done = total + reward, steps + 1, terminated or truncated
+    return total, steps, terminated
+
+
+def check_every_episode_scored_once(result, seeds: list[int]) -> None:
+    assert len(result.returns) == len(result.lengths) == len(seeds)
+    assert sorted(result.seeds) == seeds  # each episode once, none twice, no filler env
+    for seed, ret, length in zip(result.seeds, result.returns, result.lengths, strict=True):
+        total, steps, _ = reference_episode(seed)
+        assert length == steps, f"seed {seed}: {length} steps scored, the episode has {steps}"
+        assert ret == pytest.approx(total, rel=1e-12), f"seed {seed}: {ret} against {total}"
+    assert result.env_steps == sum(result.lengths)
+
+
+SEEDS = list(range(100, 107))  # 7 episodes on 3 envs: waves of 3, 3 and 1 (+2 fillers)
+
+
+def test_the_falling_env_mixes_early_falls_and_truncations():
+    # What the rollout tests below rely on: in every wave an env ends at least two steps
+    # before another, so it is stepped into a new episode (an autoreset, then real rewards)
+    # while the wave goes on; and some episodes fall, others are cut by the time limit.
+    episodes = {seed: reference_episode(seed) for seed in SEEDS}
+    for wave in (SEEDS[0:3], SEEDS[3:6]):
+        lengths = [episodes[seed][1] for seed in wave]
+        assert max(lengths) - min(lengths) >= 2, lengths
+    assert {terminated for _, _, terminated in episodes.values()} == {True, False}
+
+
+@pytest.mark.parametrize("mode", ["NEXT_STEP", "SAME_STEP", "DISABLED"])
+def test_a_vector_rollout_of_falling_envs_scores_every_episode_once(mode):
+    # Whatever the vector env does with a finished env (resets it at the next step, at the
+    # same step, or not at all), the steps after an episode's end count in no score.
+    env = gym.vector.SyncVectorEnv(
+        [FallingEnv] * 3, autoreset_mode=getattr(gym.vector.AutoresetMode, mode)
+    )
+    agent = RecordingAgent()
+    result = evaluate(agent, env, episodes=len(SEEDS), seed=SEEDS[0], progress=False)
+    env.close()
+    check_every_episode_scored_once(result, SEEDS)
+    assert len(set(result.lengths)) > 2
+
+
+def test_the_planner_in_a_vector_rollout_of_falling_envs_scores_every_episode_once(
+    tiny_checkpoint,
+):
+    from trajectory_transformer.planning import BeamPlanner
+
+    planner = BeamPlanner.from_checkpoint(
+        tiny_checkpoint, horizon=2, beam_width=3, context_transitions=2, plan_every=2
+    )
+    acted = []
+    act = planner.act
+
+    def act_and_look(observations, active=None):
+        actions = act(observations, active)
+        acted.append((observations.copy(), active.copy(), actions))
+        return actions
+
+    planner.act = act_and_look
+    env = make_vector_env(planner.dataset, 3, env_id="test/Falling-v0")
+    try:
+        result = evaluate(planner, env, episodes=len(SEEDS), seed=SEEDS[0], progress=False)
+    finally:
+        env.close()
+    check_every_episode_scored_once(result, SEEDS)
+    # Finished envs were masked: they got no action, and no plan was made for them.
+    for _, active, actions in acted:
+        assert not actions[~active].any()
+        assert np.abs(actions[active]).max() <= 2.0
+
+
+gym.register("test/Falling-v0", entry_point=FallingEnv)

@@ -99,6 +99,10 @@ def evaluate(
     returns, lengths, seeds = [], [], []
     planning_seconds, env_steps = 0.0, 0
     start = time.perf_counter()
+    # A vector env without autoreset refuses to step an env that finished until it is reset,
+    # and evaluate keeps finished envs stepping; so it resets them itself (their new episodes
+    # are ignored like autoreset ones).
+    manual_reset = env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.DISABLED
     spec = env.get_attr("spec")[0]
     max_steps = getattr(spec, "max_episode_steps", None)
     bar = tqdm(
@@ -141,6 +145,8 @@ def evaluate(
                 seeds.append(wave_seeds[i])
                 active[i] = False
                 bar.set_postfix(episodes=len(returns), mean_return=f"{np.mean(returns):.1f}")
+            if manual_reset and dones.any() and active.any():
+                observations, _ = env.reset(options={"reset_mask": dones})
     bar.close()
     scores = normalized_score(np.array(returns), *ref_scores)
     return EvalResult(

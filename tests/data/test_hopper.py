@@ -3,6 +3,8 @@ reference scores; and the method's episode ends on a real terminating environmen
 
 from __future__ import annotations
 
+import itertools
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -76,6 +78,31 @@ def test_medium_expert_is_the_medium_then_the_expert_episodes():
     for a, b in zip(both.iterate_episodes(), together, strict=True):
         np.testing.assert_allclose(a.observations, b.observations, rtol=1e-6, atol=1e-8)
         np.testing.assert_array_equal(a.terminations, b.terminations)
+
+
+def test_an_env_that_ends_starts_the_next_seed_and_each_episode_is_its_own():
+    def policy(obs, rng):  # zero torques: deterministic, and falls at seed-dependent steps
+        return np.zeros((len(obs), 3))
+
+    rng = np.random.default_rng(0)
+    together = hopper.rollout(policy, range(7), rng, num_envs=3)
+    assert together.seeds == list(range(7))
+    assert len({len(r) for r in together.rewards}) > 1  # the envs restarted at different steps
+    for i, seed in enumerate(together.seeds):
+        alone = hopper.rollout(policy, [seed], rng, num_envs=1)
+        np.testing.assert_allclose(
+            together.observations[i], alone.observations[0], rtol=1e-6, atol=1e-8
+        )
+        np.testing.assert_array_equal(together.terminations[i], alone.terminations[0])
+        np.testing.assert_array_equal(together.truncations[i], alone.truncations[0])
+
+
+def test_a_transition_budget_keeps_the_shortest_prefix_of_seeds_that_reaches_it():
+    rng = np.random.default_rng(0)
+    run = hopper.rollout(hopper.uniform_random, itertools.count(10), rng, transitions=150)
+    lengths = [len(r) for r in run.rewards]
+    assert run.seeds == list(range(10, 10 + len(lengths)))
+    assert sum(lengths) >= 150 > sum(lengths[:-1])
 
 
 def test_termination_is_penalised_and_truncation_is_not():

@@ -31,12 +31,15 @@ over 100 seeded episodes (:func:`reference_scores`).
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
 import minari
 import numpy as np
+import torch
 from minari.data_collector import EpisodeBuffer
 
 from trajectory_transformer.data import local_datasets
@@ -50,7 +53,7 @@ NOISE = {"medium": 0.1, "medium-replay": 0.1, "expert": 0.05}
 """Standard deviation of the Gaussian action noise of each dataset's rollouts."""
 TRANSITIONS = {"medium": 100_000, "medium-replay": 60_000, "expert": 100_000}
 """Each dataset is collected until it holds at least this many transitions."""
-WAVE = 25  # episodes stepped together in one vector env
+NUM_ENVS = 25  # episodes stepped together in one vector env
 
 EMBEDDED_DATASETS: dict[str, str] = {
     "hopper/medium-v0": "Hopper-v5, the SAC medium actor (a third of the expert) with noise.",
@@ -115,48 +118,80 @@ class Episodes:
 
 
 def rollout(
-    policy, seeds: list[int], rng: np.random.Generator, max_episode_steps: int | None = None
+    policy,
+    seeds: Iterable[int],
+    rng: np.random.Generator,
+    max_episode_steps: int | None = None,
+    transitions: int | None = None,
+    num_envs: int = NUM_ENVS,
 ) -> Episodes:
-    """One episode per reset seed, stepped together until each ends (its own length).
+    """One episode per reset seed, taken in order, `num_envs` stepped together: an env whose
+    episode ends starts the next seed at once, so no env waits for the longest episode.
 
-    `policy(obs (N, 11), rng) -> actions (N, 3)`. An env whose episode has ended keeps being
-    stepped until the others end, and what it does then is dropped. `max_episode_steps`
-    replaces the env's time limit of 1,000 steps.
+    `policy(obs (N, 11), rng) -> actions (N, 3)`. Without `transitions`, every seed of
+    `seeds` is played. With it (`seeds` may then be endless), no seed starts once that many
+    transitions are stepped, and the result is the shortest prefix of the seeds whose episodes
+    hold at least `transitions` (chosen by seed order, not by which episodes ended first, so
+    short episodes are not favoured). `max_episode_steps` replaces the time limit of 1,000.
     """
-    n = len(seeds)
+    seeds = iter(seeds)
+    first = [int(s) for s in itertools.islice(seeds, num_envs)]
+    if not first:
+        return Episodes([], [], [], [], [], [])
+    n = len(first)
     limits = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="sync", **limits)
-    limit = max_episode_steps or gym.spec(ENV_ID).max_episode_steps
-    columns: dict[str, list[list]] = {k: [[] for _ in range(n)] for k in ("o", "a", "r", "d", "t")}
+    columns: dict[int, dict[str, list]] = {}  # by reset seed, in the order they started
+    playing: list[int | None] = list(first)  # the seed each env plays; None once it is idle
+    stepped = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the actor's batches are tiny: threads only add waiting
     try:
-        obs, _ = env.reset(seed=[int(s) for s in seeds])
-        active = np.ones(n, dtype=bool)
-        for i in range(n):
-            columns["o"][i].append(obs[i])
-        steps = 0
-        while active.any():
+        obs, _ = env.reset(seed=first)
+        for i, seed in enumerate(first):
+            columns[seed] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
+        while any(seed is not None for seed in playing):
             actions = np.asarray(policy(obs, rng), dtype=np.float32)
             obs, rewards, terminated, truncated, _ = env.step(actions)
-            steps += 1
-            for i in np.flatnonzero(active):
-                columns["a"][i].append(actions[i])
-                columns["r"][i].append(rewards[i])
-                columns["d"][i].append(terminated[i])
-                columns["t"][i].append(truncated[i])
-                columns["o"][i].append(obs[i])
+            ended = np.zeros(n, dtype=bool)
+            for i, seed in enumerate(playing):
+                if seed is None:  # idle: what the env does is dropped
+                    continue
+                episode = columns[seed]
+                episode["a"].append(actions[i])
+                episode["r"].append(rewards[i])
+                episode["d"].append(terminated[i])
+                episode["t"].append(truncated[i])
+                episode["o"].append(obs[i])
+                stepped += 1
                 if terminated[i] or truncated[i]:
-                    active[i] = False
-            if steps > limit:
-                raise RuntimeError(f"{ENV_ID} episodes outlasted the time limit of {limit}")
+                    ended[i], playing[i] = True, None
+            if ended.any() and (transitions is None or stepped < transitions):
+                restart = [next(seeds, None) if end else None for end in ended]
+                mask = np.array([seed is not None for seed in restart])
+                if mask.any():
+                    new_obs, _ = env.reset(
+                        seed=[None if s is None else int(s) for s in restart],
+                        options={"reset_mask": mask},
+                    )
+                    obs = np.where(mask[:, None], new_obs, obs)  # a new array: stored rows stay
+                    for i in np.flatnonzero(mask):
+                        playing[i] = int(restart[i])
+                        columns[playing[i]] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
     finally:
+        torch.set_num_threads(threads)
         env.close()
+    kept = list(columns)
+    if transitions is not None:
+        lengths = np.cumsum([len(columns[seed]["r"]) for seed in kept])
+        kept = kept[: int(np.searchsorted(lengths, transitions)) + 1]
     return Episodes(
-        seeds=[int(s) for s in seeds],
-        observations=[np.asarray(o, dtype=np.float64) for o in columns["o"]],
-        actions=[np.asarray(a, dtype=np.float32) for a in columns["a"]],
-        rewards=[np.asarray(r, dtype=np.float64) for r in columns["r"]],
-        terminations=[np.asarray(d, dtype=bool) for d in columns["d"]],
-        truncations=[np.asarray(t, dtype=bool) for t in columns["t"]],
+        seeds=kept,
+        observations=[np.asarray(columns[s]["o"], dtype=np.float64) for s in kept],
+        actions=[np.asarray(columns[s]["a"], dtype=np.float32) for s in kept],
+        rewards=[np.asarray(columns[s]["r"], dtype=np.float64) for s in kept],
+        terminations=[np.asarray(columns[s]["d"], dtype=bool) for s in kept],
+        truncations=[np.asarray(columns[s]["t"], dtype=bool) for s in kept],
     )
 
 
@@ -172,18 +207,13 @@ def uniform_random(obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def collect(
     policy, kind: str, seed: int, transitions: int, episodes: int | None = None, first: int = 0
 ) -> Episodes:
-    """Waves of up to `WAVE` seeded episodes: `episodes` of them, or, without a count, until
-    at least `transitions` transitions."""
+    """`episodes` seeded episodes of `policy`, or, without a count, the first ones (by seed)
+    that hold at least `transitions` transitions."""
     base = seed * _SEED_BLOCK + _KIND_OFFSET[kind] * _KIND_BLOCK + first
     rng = np.random.default_rng([seed, _KIND_OFFSET[kind], first])
-    collected = Episodes([], [], [], [], [], [])
-    while (
-        collected.transitions < transitions if episodes is None else len(collected.seeds) < episodes
-    ):
-        start = base + len(collected.seeds)
-        wave = WAVE if episodes is None else min(WAVE, episodes - len(collected.seeds))
-        collected.extend(rollout(policy, list(range(start, start + wave)), rng))
-    return collected
+    if episodes is None:
+        return rollout(policy, itertools.count(base), rng, transitions=transitions)
+    return rollout(policy, range(base, base + episodes), rng)
 
 
 @functools.cache

@@ -85,6 +85,8 @@ class SAC:
         self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=args.lr, fused=True)
         self.target_entropy = -float(act_dim)
         self.gamma, self.tau = args.gamma, args.tau
+        self.critic_params = list(self.critic.parameters())
+        self.target_params = list(self.target.parameters())
 
     def update(self, obs, act, rew, next_obs, terminated) -> None:
         alpha = self.log_alpha.exp().detach()
@@ -97,12 +99,15 @@ class SAC:
         (critic_loss / len(obs)).backward()
         self.critic_opt.step()
 
+        # The actor's loss differentiates through the critic but not into its weights.
+        self.critic.requires_grad_(False)
         new_act, log_prob = sample_action(self.actor, obs)
         q = self.critic(obs, new_act).min(0).values
         actor_loss = (alpha * log_prob - q).mean()
         self.actor_opt.zero_grad(set_to_none=True)
         actor_loss.backward()
         self.actor_opt.step()
+        self.critic.requires_grad_(True)
 
         alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
         self.alpha_opt.zero_grad(set_to_none=True)
@@ -110,9 +115,7 @@ class SAC:
         self.alpha_opt.step()
 
         with torch.no_grad():
-            torch._foreach_lerp_(
-                list(self.target.parameters()), list(self.critic.parameters()), self.tau
-            )
+            torch._foreach_lerp_(self.target_params, self.critic_params, self.tau)
 
     def state(self) -> dict:
         return {
@@ -158,29 +161,36 @@ def train(args: argparse.Namespace) -> None:
         "next_obs": np.zeros((args.steps, obs_dim), np.float32),
         "terminated": np.zeros(args.steps, np.float32),
     }
-    step, episode = 0, 0
+    step, episode, seconds = 0, 0, 0.0
     rng = np.random.default_rng(args.seed)
     torch.manual_seed(args.seed)
     checkpoint = run / "checkpoint.pt"
     if args.resume and checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False, map_location=args.device)
         sac.load(saved["sac"])
-        step, episode = saved["step"], saved["episode"]
+        step, episode, seconds = saved["step"], saved["episode"], saved.get("seconds", 0.0)
         for key in buffer:
             buffer[key][:step] = saved["buffer"][key]
         rng = saved["rng"]
         torch.set_rng_state(saved["torch_rng"].cpu())
-        print(f"resumed at step {step}", flush=True)
+        progress(f"resumed at step {step}")
     (run / "config.json").write_text(json.dumps(vars(args), indent=2))
-    obs, _ = env.reset(seed=args.seed + episode)
-    start = time.perf_counter()
     with open(run / "log.jsonl", "a") as log:
-        run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, checkpoint)
+        run_steps(args, env, sac, buffer, rng, step, episode, seconds, log, checkpoint)
 
 
-def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, checkpoint) -> None:
+def progress(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def run_steps(args, env, sac, buffer, rng, step, episode, seconds, log, checkpoint) -> None:
+    """Steps the env and updates SAC once a step until `args.steps`, evaluating, saving a
+    snapshot and a resumable checkpoint every `args.eval_every` steps."""
     run = Path(args.run_dir)
     act_dim = env.action_space.shape[0]
+    obs, _ = env.reset(seed=args.seed + episode)
+    episode_return, recent_returns = 0.0, []
+    start, last_step, last_time = time.perf_counter() - seconds, step, time.perf_counter()
     while step < args.steps:
         if step < args.random_steps:
             action = rng.uniform(-1, 1, act_dim)
@@ -194,17 +204,27 @@ def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, check
         ):
             buffer[key][step] = value
         step += 1
-        obs = next_obs
+        obs, episode_return = next_obs, episode_return + float(reward)
         if terminated or truncated:
             episode += 1
+            recent_returns = [*recent_returns[-9:], episode_return]
             obs, _ = env.reset(seed=args.seed + episode)
+            episode_return = 0.0
         if step >= args.random_steps:
             index = rng.integers(0, step, args.batch_size)
             sac.update(*(torch.from_numpy(buffer[key][index]).to(sac.device) for key in buffer))
+        if step % args.log_every == 0:
+            now = time.perf_counter()
+            progress(
+                f"step {step}: {(step - last_step) / (now - last_time):.0f} steps/s, "
+                f"last {len(recent_returns)} training episodes' return "
+                f"{np.mean(recent_returns) if recent_returns else float('nan'):.0f}"
+            )
+            last_step, last_time = step, now
         if step % args.eval_every == 0:
             actor = copy.deepcopy(sac.actor).cpu()  # snapshots are CPU actors
             mean, std = evaluate(actor, args.env, args.eval_episodes, seed=10_000)
-            elapsed = time.perf_counter() - start
+            seconds = time.perf_counter() - start
             actor.save(
                 run / "snapshots" / f"step_{step:07d}.pt",
                 step=step,
@@ -218,16 +238,17 @@ def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, check
                 "std": std,
                 "episodes": episode,
                 "alpha": float(sac.log_alpha.detach().exp()),
-                "seconds": round(elapsed, 1),
+                "seconds": round(seconds, 1),
             }
             log.write(json.dumps(record) + "\n")
             log.flush()
-            print(json.dumps(record), flush=True)
+            progress(json.dumps(record))
             torch.save(
                 {
                     "sac": sac.state(),
                     "step": step,
                     "episode": episode,
+                    "seconds": seconds,
                     "rng": rng,
                     "torch_rng": torch.get_rng_state(),
                     "buffer": {key: value[:step] for key, value in buffer.items()},
@@ -235,6 +256,7 @@ def run_steps(args, env, sac, buffer, rng, step, episode, obs, start, log, check
                 checkpoint.with_suffix(".tmp"),
             )
             checkpoint.with_suffix(".tmp").replace(checkpoint)
+            last_step, last_time = step, time.perf_counter()  # steps/s leaves evaluations out
 
 
 def select(args: argparse.Namespace) -> None:
@@ -307,7 +329,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="Hopper-v5")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--steps", type=int, default=200_000)
+    parser.add_argument("--steps", type=int, default=250_000)
     parser.add_argument("--random-steps", type=int, default=5_000)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -315,8 +337,9 @@ def main() -> None:
     parser.add_argument("--tau", type=float, default=0.005)
     parser.add_argument("--actor-hidden", type=int, default=128)
     parser.add_argument("--critic-hidden", type=int, default=128)
-    parser.add_argument("--eval-every", type=int, default=10_000)
-    parser.add_argument("--eval-episodes", type=int, default=5)
+    parser.add_argument("--eval-every", type=int, default=5_000)
+    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--log-every", type=int, default=2_000, help="progress line period")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda to update on a GPU")
     parser.add_argument("--resume", action="store_true")

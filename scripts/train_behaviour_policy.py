@@ -21,6 +21,8 @@ import argparse
 import copy
 import json
 import math
+import os
+import platform
 import shutil
 import time
 from pathlib import Path
@@ -174,7 +176,8 @@ def train(args: argparse.Namespace) -> None:
         rng = saved["rng"]
         torch.set_rng_state(saved["torch_rng"].cpu())
         progress(f"resumed at step {step}")
-    (run / "config.json").write_text(json.dumps(vars(args), indent=2))
+    machine = f"{os.cpu_count()} CPU cores ({platform.machine()}), torch {torch.__version__}"
+    (run / "config.json").write_text(json.dumps(vars(args) | {"machine": machine}, indent=2))
     with open(run / "log.jsonl", "a") as log:
         run_steps(args, env, sac, buffer, rng, step, episode, seconds, log, checkpoint)
 
@@ -290,15 +293,35 @@ def select(args: argparse.Namespace) -> None:
     for name, (step, mean, path, actor) in chosen.items():
         shutil.copyfile(path, target / f"{name}.pt")
         rows.append(f"| `{name}.pt` | {step:,} | {mean:.1f} ± {actor.metadata['std_return']:.1f} |")
-    config = json.loads((run / "config.json").read_text())
     print("\n".join(rows))
+    config = json.loads((run / "config.json").read_text())
+    defaults = vars(parser().parse_args(["--run-dir", config["run_dir"]]))
+    options = [
+        f"--{key.replace('_', '-')} {value}"
+        for key, value in config.items()
+        if key not in ("run_dir", "resume", "select", "machine") and value != defaults[key]
+    ]
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    last = max(records, key=lambda r: r["step"])
+    every = [
+        f"| {step:,} | {mean:.1f} ± {actor.metadata['std_return']:.1f} |"
+        for step, mean, _, actor in snapshots
+    ]
     (target / "README.md").write_text(
         README.format(
             env=config["env"],
-            config=json.dumps(config, indent=1),
-            rows="\n".join(rows),
-            episodes=config["eval_episodes"],
             hidden=config["actor_hidden"],
+            train=" ".join(["--run-dir", config["run_dir"], *options]),
+            run_dir=config["run_dir"],
+            target=args.select,
+            steps=last["step"],
+            minutes=last["seconds"] / 60,
+            rate=last["step"] / last["seconds"],
+            machine=config.get("machine", "a machine not recorded"),
+            episodes=config["eval_episodes"],
+            rows="\n".join(rows),
+            every="\n".join(every),
+            config=json.dumps(config, indent=1),
         )
     )
 
@@ -306,8 +329,17 @@ def select(args: argparse.Namespace) -> None:
 README = """# Behaviour policies for {env}
 
 Actors (`trajectory_transformer.data.behaviour.GaussianActor`, 2 hidden layers of {hidden})
-trained by `scripts/train_behaviour_policy.py` (SAC, CPU, one thread). Each file is a plain
-state dict with the actor's shape, loaded with `torch.load(..., weights_only=True)`.
+trained by `scripts/train_behaviour_policy.py`: SAC with twin critics, on the CPU, one thread.
+Each file is a plain state dict with the actor's shape and its evaluation, loaded with
+`torch.load(..., weights_only=True)`; running it needs torch only.
+
+```bash
+python scripts/train_behaviour_policy.py {train}
+python scripts/train_behaviour_policy.py --run-dir {run_dir} --select {target}
+```
+
+{steps:,} environment steps, one update each, in {minutes:.0f} minutes of wall time on
+{machine} ({rate:.0f} steps/s, evaluations included).
 
 | file | SAC step | return of the deterministic actor ({episodes} episodes, seeds 10,000+) |
 |---|---|---|
@@ -315,7 +347,14 @@ state dict with the actor's shape, loaded with `torch.load(..., weights_only=Tru
 
 `expert` is the best snapshot, `medium` the earlier one closest to a third of its return
 (D4RL's medium level), and the `replay_*` ones earlier snapshots at about a quarter, a half and
-three quarters of the medium return, whose noisy rollouts make `medium-replay`.
+three quarters of the medium return, whose noisy rollouts make `medium-replay` with the medium
+actor's.
+
+Every evaluation of the run (mean ± standard deviation over its episodes):
+
+| step | return |
+|---|---|
+{every}
 
 Training settings:
 
@@ -325,7 +364,7 @@ Training settings:
 """
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="Hopper-v5")
     parser.add_argument("--run-dir", required=True)
@@ -344,7 +383,11 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda to update on a GPU")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--select", metavar="DIR", help="copy the chosen snapshots to DIR")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.select:
         select(args)
     else:

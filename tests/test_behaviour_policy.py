@@ -3,6 +3,7 @@ by their returns (expert the best, medium the earlier one nearest a third of it)
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,9 @@ def test_select_takes_the_best_the_third_and_earlier_stages(tmp_path):
         GaussianActor(11, 3, 8).save(
             run / "snapshots" / f"step_{step:07d}.pt", step=step, mean_return=value, std_return=1.0
         )
-    (run / "config.json").write_text('{"env": "Hopper-v5", "eval_episodes": 5, "actor_hidden": 8}')
+    config = {"env": "Hopper-v5", "run_dir": "runs/x", "eval_episodes": 5, "actor_hidden": 8}
+    (run / "config.json").write_text(json.dumps(config | {"seed": 3}))
+    (run / "log.jsonl").write_text('{"step": 70, "seconds": 120.0}\n')
     chosen = tmp_path / "chosen"
     result = script("--run-dir", str(run), "--select", str(chosen))
     assert result.returncode == 0, result.stderr
@@ -52,4 +55,11 @@ def test_select_takes_the_best_the_third_and_earlier_stages(tmp_path):
     # expert 3000 (step 60); medium nearest 1000 before it (1050, step 50); replay stages nearest
     # 262, 525 and 788 before the medium (300, 500, 900).
     assert step_of == {"expert": 60, "medium": 50, "replay_0": 20, "replay_1": 30, "replay_2": 40}
-    assert "| `expert.pt` | 60 | 3000.0 ± 1.0 |" in (chosen / "README.md").read_text()
+    readme = (chosen / "README.md").read_text()
+    assert "| `expert.pt` | 60 | 3000.0 ± 1.0 |" in readme
+    assert "| 70 | 2500.0 ± 1.0 |" in readme  # every evaluation is listed
+    # The command that trained it names the settings that differ from the defaults.
+    command = (
+        "train_behaviour_policy.py --run-dir runs/x --eval-episodes 5 --actor-hidden 8 --seed 3\n"
+    )
+    assert command in readme and "70 environment steps" in readme

@@ -315,6 +315,9 @@ def select(args: argparse.Namespace) -> None:
             run_dir=config["run_dir"],
             target=args.select,
             steps=last["step"],
+            stopped=""
+            if last["step"] >= config.get("steps", 0)
+            else f" (of the {config['steps']:,} asked for: the run was stopped there)",
             minutes=last["seconds"] / 60,
             rate=last["step"] / last["seconds"],
             machine=config.get("machine", "a machine not recorded"),
@@ -338,7 +341,7 @@ python scripts/train_behaviour_policy.py {train}
 python scripts/train_behaviour_policy.py --run-dir {run_dir} --select {target}
 ```
 
-{steps:,} environment steps, one update each, in {minutes:.0f} minutes of wall time on
+{steps:,} environment steps{stopped}, one update each, in {minutes:.0f} minutes of wall time on
 {machine} ({rate:.0f} steps/s, evaluations included).
 
 | file | SAC step | return of the deterministic actor ({episodes} episodes, seeds 10,000+) |

@@ -79,7 +79,11 @@ def test_installed_wheel_runs_the_clis_outside_the_checkout(wheel, tmp_path, min
     where = run(
         python, "-c", "import trajectory_transformer as t; print(t.__file__)", cwd=elsewhere
     )
-    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout + where.stderr
+    installed_package = Path(where.stdout.strip()).parent
+    assert installed_package.is_relative_to(venv), where.stdout + where.stderr
+    # The Hopper suite's behaviour policies ship as package data.
+    for name in ("expert.pt", "medium.pt", "README.md"):
+        assert (installed_package / "data" / "policies" / "hopper" / name).is_file(), name
 
     for cli in ("tt-eval", "tt-collect"):  # tt-train runs below
         helped = run(venv / "bin" / cli, "--help", cwd=elsewhere, env=env)

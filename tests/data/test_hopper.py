@@ -4,6 +4,7 @@ reference scores; and the method's episode ends on a real terminating environmen
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -15,6 +16,8 @@ from trajectory_transformer.data.behaviour import GaussianActor
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.rollout import evaluate
+
+SHIPPED = Path(hopper.__file__).parent / "policies" / "hopper"
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +49,24 @@ def test_actors_load_as_plain_weights_and_act_in_the_box(tmp_path):
         actor.act(obs, 0.5)
 
 
+def test_the_shipped_actors_are_small_plain_weights_ordered_by_their_returns():
+    names = ["expert", "medium", *sorted(p.stem for p in SHIPPED.glob("replay_*.pt"))]
+    assert len(names) >= 5 and (SHIPPED / "README.md").is_file()
+    obs = np.random.default_rng(0).normal(size=(5, 11))
+    returns = {}
+    for name in names:
+        path = SHIPPED / f"{name}.pt"
+        assert path.stat().st_size < 100_000
+        actor = GaussianActor.load(path)  # weights_only=True
+        assert (actor.obs_dim, actor.act_dim) == (11, 3)
+        for action in (actor.act(obs), actor.act(obs, 0.1, np.random.default_rng(1))):
+            assert action.shape == (5, 3) and np.all(np.abs(action) <= 1.0)
+        returns[name] = actor.metadata["mean_return"]
+    replay = [returns[name] for name in names[2:]]
+    assert returns["expert"] == max(returns.values())
+    assert max(replay) < returns["medium"] < returns["expert"] / 2
+
+
 def test_a_missing_actor_says_how_to_make_it(tmp_path):
     (tmp_path / "expert.pt").unlink()
     with pytest.raises(FileNotFoundError, match=r"train_behaviour_policy\.py"):
@@ -65,6 +86,19 @@ def test_a_small_build_is_a_minari_dataset_with_falls_and_reference_scores():
         assert ends[-1] and not ends[:-1].any()  # one end, at the last step
         if len(episode.rewards) < 1000:
             assert episode.terminations[-1]  # shorter than the limit: it fell
+    # Replayed in a fresh env from its reset seed, each episode is what gymnasium returns.
+    seeds = [m["seed"] for m in dataset.storage.get_episode_metadata(range(4))]
+    assert len(set(seeds)) == 4
+    for seed, episode in zip(seeds, dataset.iterate_episodes(), strict=True):
+        env = gym.make("Hopper-v5")
+        obs, _ = env.reset(seed=int(seed))
+        steps = [env.step(action) for action in episode.actions]
+        env.close()
+        observations = np.array([obs] + [step[0] for step in steps])
+        np.testing.assert_allclose(episode.observations, observations, rtol=1e-6, atol=1e-8)
+        np.testing.assert_allclose(episode.rewards, [step[1] for step in steps], rtol=1e-6)
+        np.testing.assert_array_equal(episode.terminations, [step[2] for step in steps])
+        np.testing.assert_array_equal(episode.truncations, [step[3] for step in steps])
 
 
 def test_medium_expert_is_the_medium_then_the_expert_episodes():

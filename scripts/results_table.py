@@ -8,6 +8,8 @@ score is the mean over its evaluation episodes).
 
     python scripts/results_table.py                                  # the README's table
     python scripts/results_table.py --datasets pendulum-medium --seeds 0 --episodes 5
+    python scripts/results_table.py --datasets hopper-embedded-medium:0,1,2 \\
+        hopper-embedded-medium-expert:0 --episodes 10   # seeds per dataset
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ DATASET_IDS = {
     "pendulum-medium-expert": "pendulum/medium-expert-v0",
     "pendulum-expert": "pendulum/expert-v0",
     "pendulum-random": "pendulum/random-v0",
+    "hopper-embedded-medium": "hopper/medium-v0",
+    "hopper-embedded-medium-replay": "hopper/medium-replay-v0",
+    "hopper-embedded-medium-expert": "hopper/medium-expert-v0",
+    "hopper-embedded-expert": "hopper/expert-v0",
 }
 
 
@@ -90,8 +96,9 @@ def main() -> None:
         "--datasets",
         nargs="+",
         default=["pendulum-medium", "pendulum-medium-replay", "pendulum-medium-expert"],
+        help="dataset configs, each optionally with its own seeds: NAME:0,1,2",
     )
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="default seeds")
     parser.add_argument("--episodes", type=int, default=20)
     parser.add_argument("--planner", default="default", help="planner preset to compare to bc")
     parser.add_argument("--out", type=Path, default=Path("outputs/results"))
@@ -100,14 +107,18 @@ def main() -> None:
     args = parser.parse_args()
 
     rows = []
-    for dataset in args.datasets:
+    for spec in args.datasets:
+        dataset, _, seed_list = spec.partition(":")
+        if dataset not in DATASET_IDS:
+            parser.error(f"unknown dataset {dataset!r}; one of {', '.join(DATASET_IDS)}")
+        seeds = [int(seed) for seed in seed_list.split(",")] if seed_list else args.seeds
         scores: dict[str, list[float]] = {args.planner: [], "bc": []}
-        for seed in args.seeds:
+        for seed in seeds:
             checkpoint = train(dataset, seed, args.out / dataset / f"seed{seed}", args.train)
             for planner in scores:
                 scores[planner].append(evaluate(checkpoint, planner, args.episodes, args.eval))
-        rows.append((dataset, dataset_score(dataset), scores["bc"], scores[args.planner]))
-        summary = {"dataset": dataset, "scores": scores}
+        rows.append((dataset, dataset_score(dataset), scores["bc"], scores[args.planner], seeds))
+        summary = {"dataset": dataset, "seeds": seeds, "scores": scores}
         (args.out / dataset / "scores.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def cell(values: list[float]) -> str:
@@ -115,17 +126,18 @@ def main() -> None:
         return f"{mean:.1f} ± {stderr:.1f}"
 
     lines = [
-        f"| dataset | dataset mean | BC | planner ({args.planner}) |",
-        "|---|---|---|---|",
+        f"| dataset | dataset mean | BC | planner ({args.planner}) | training seeds |",
+        "|---|---|---|---|---|",
     ]
-    for dataset, data_score, bc, planned in rows:
+    for dataset, data_score, bc, planned, seeds in rows:
         lines.append(
-            f"| {DATASET_IDS[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} |"
+            f"| {DATASET_IDS[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} "
+            f"| {', '.join(map(str, seeds))} |"
         )
     table = "\n".join(lines)
     note = (
-        f"\nNormalised scores (D4RL scale), mean ± standard error over training seeds "
-        f"{args.seeds}, {args.episodes} episodes per seed."
+        "\nNormalised scores (D4RL scale), mean ± standard error over training seeds, "
+        f"{args.episodes} episodes per seed."
     )
     print(table + note)
     (args.out / "table.md").write_text(table + "\n" + note.strip() + "\n")

@@ -18,6 +18,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from trajectory_transformer.checkpoint import read_payload
@@ -43,12 +44,14 @@ def run(command: list[str]) -> None:
 
 
 def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
+    """The finished checkpoint of one training seed; its wall time goes to `timing.json`."""
     checkpoint = run_dir / "checkpoint.pt"
     if checkpoint.exists():
         training = read_payload(checkpoint)["training"]
         if training and training["finished"]:
             return checkpoint
     bin_dir = Path(sys.executable).parent
+    start = time.perf_counter()
     run(
         [
             str(bin_dir / "tt-train"),
@@ -58,7 +61,17 @@ def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
             *overrides,
         ]
     )
+    seconds = time.perf_counter() - start  # a resumed run counts its last part only
+    (run_dir / "timing.json").write_text(json.dumps({"train_seconds": round(seconds, 1)}) + "\n")
     return checkpoint
+
+
+def wall_minutes(checkpoint: Path, planner: str) -> tuple[float | None, float]:
+    """(training, evaluation) wall time of one seed in minutes; training None if unrecorded."""
+    timing = checkpoint.parent / "timing.json"
+    train_seconds = json.loads(timing.read_text())["train_seconds"] if timing.exists() else None
+    results = json.loads((checkpoint.parent / f"eval_{planner}" / "results.json").read_text())
+    return (None if train_seconds is None else train_seconds / 60), results["wall_seconds"] / 60
 
 
 def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> float:
@@ -113,26 +126,36 @@ def main() -> None:
             parser.error(f"unknown dataset {dataset!r}; one of {', '.join(DATASET_IDS)}")
         seeds = [int(seed) for seed in seed_list.split(",")] if seed_list else args.seeds
         scores: dict[str, list[float]] = {args.planner: [], "bc": []}
+        minutes = []
         for seed in seeds:
             checkpoint = train(dataset, seed, args.out / dataset / f"seed{seed}", args.train)
             for planner in scores:
                 scores[planner].append(evaluate(checkpoint, planner, args.episodes, args.eval))
-        rows.append((dataset, dataset_score(dataset), scores["bc"], scores[args.planner], seeds))
-        summary = {"dataset": dataset, "seeds": seeds, "scores": scores}
+            minutes.append(wall_minutes(checkpoint, args.planner))
+        rows.append(
+            (dataset, dataset_score(dataset), scores["bc"], scores[args.planner], seeds, minutes)
+        )
+        summary = {"dataset": dataset, "seeds": seeds, "scores": scores, "minutes": minutes}
         (args.out / dataset / "scores.json").write_text(json.dumps(summary, indent=2) + "\n")
 
     def cell(values: list[float]) -> str:
         mean, stderr = mean_and_stderr(values)
-        return f"{mean:.1f} ± {stderr:.1f}"
+        return f"{mean:.1f} ± {stderr:.1f}" if len(values) > 1 else f"{mean:.1f} (one seed)"
+
+    def wall(minutes: list[tuple[float | None, float]]) -> str:
+        trained = [train for train, _ in minutes if train is not None]
+        training = f"{sum(trained) / len(trained):.0f}" if trained else "?"
+        return f"{training} + {sum(plan for _, plan in minutes) / len(minutes):.0f}"
 
     lines = [
-        f"| dataset | dataset mean | BC | planner ({args.planner}) | training seeds |",
-        "|---|---|---|---|---|",
+        f"| dataset | dataset mean | BC | planner ({args.planner}) | training seeds "
+        "| minutes per seed (training + planner evaluation) |",
+        "|---|---|---|---|---|---|",
     ]
-    for dataset, data_score, bc, planned, seeds in rows:
+    for dataset, data_score, bc, planned, seeds, minutes in rows:
         lines.append(
             f"| {DATASET_IDS[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} "
-            f"| {', '.join(map(str, seeds))} |"
+            f"| {', '.join(map(str, seeds))} | {wall(minutes)} |"
         )
     table = "\n".join(lines)
     note = (

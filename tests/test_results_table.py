@@ -1,0 +1,63 @@
+"""scripts/results_table.py: seeds per dataset, mean ± standard error over seeds, wall times."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "results_table.py"
+
+
+@pytest.fixture
+def script():
+    spec = importlib.util.spec_from_file_location("results_table", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_dataset_takes_its_own_seeds_and_names_them(script, tmp_path, monkeypatch):
+    scores = {("hopper-embedded-medium", "default"): [60.0, 70.0, 65.0]}
+    scores[("hopper-embedded-medium", "bc")] = [40.0, 50.0, 45.0]
+    scores[("hopper-embedded-medium-expert", "default")] = [80.0]
+    scores[("hopper-embedded-medium-expert", "bc")] = [55.0]
+
+    def train(dataset, seed, run_dir, overrides):
+        (run_dir / "eval_default").mkdir(parents=True)
+        (run_dir / "eval_default" / "results.json").write_text(json.dumps({"wall_seconds": 120}))
+        if seed != 2:  # seed 2's training time is unknown (trained elsewhere)
+            (run_dir / "timing.json").write_text(json.dumps({"train_seconds": 600 * (seed + 1)}))
+        return run_dir / "checkpoint.pt"
+
+    def evaluate(checkpoint, planner, episodes, overrides):
+        dataset = checkpoint.parent.parent.name
+        return scores[(dataset, planner)][int(checkpoint.parent.name.removeprefix("seed"))]
+
+    monkeypatch.setattr(script, "train", train)
+    monkeypatch.setattr(script, "evaluate", evaluate)
+    monkeypatch.setattr(script, "dataset_score", lambda dataset: 46.2)
+    argv = ["results_table.py", "--out", str(tmp_path), "--episodes", "20", "--datasets"]
+    argv += ["hopper-embedded-medium:0,1,2", "hopper-embedded-medium-expert:0"]
+    monkeypatch.setattr(sys, "argv", argv)
+    script.main()
+
+    table = (tmp_path / "table.md").read_text().splitlines()
+    # mean ± standard error over seeds (none for one seed); training minutes averaged over the
+    # seeds that recorded them
+    assert table[2] == "| hopper/medium-v0 | 46.2 | 45.0 ± 2.9 | 65.0 ± 2.9 | 0, 1, 2 | 15 + 2 |"
+    one_seed = "| 55.0 (one seed) | 80.0 (one seed) | 0 | 10 + 2 |"
+    assert table[3] == "| hopper/medium-expert-v0 | 46.2 " + one_seed
+    summary = json.loads((tmp_path / "hopper-embedded-medium" / "scores.json").read_text())
+    assert summary["seeds"] == [0, 1, 2] and summary["scores"]["bc"] == [40.0, 50.0, 45.0]
+
+
+def test_an_unknown_dataset_is_refused_before_training(script, monkeypatch, capsys):
+    monkeypatch.setattr(script, "train", lambda *a: pytest.fail("trained"))
+    monkeypatch.setattr(sys, "argv", ["results_table.py", "--datasets", "hopper-mediun:0"])
+    with pytest.raises(SystemExit):
+        script.main()
+    assert "unknown dataset 'hopper-mediun'" in capsys.readouterr().err

@@ -41,6 +41,18 @@ def assert_close_weights(a: dict, b: dict, **tolerance) -> None:
         torch.testing.assert_close(a[name], b[name], msg=name, **tolerance)
 
 
+def without_key_biases(weights: dict) -> dict:
+    """The weights without the key projection's bias. Adding one vector to every key shifts
+    all of a query's logits alike, which softmax ignores: that bias's gradient is zero up to
+    rounding, so Adam steps it by rounding noise, which differs with the reduction order."""
+    kept = dict(weights)
+    for name, value in weights.items():
+        if name.endswith("attn.c_attn.bias"):
+            width = len(value) // 3  # query | key | value
+            kept[name] = torch.cat([value[:width], value[2 * width :]])
+    return kept
+
+
 def test_two_ranks_take_the_steps_of_one_process_on_the_whole_batch(tmp_path):
     # 25 steps of 16 windows cross an epoch's end (300 windows), whose last batch of 12 is
     # split 6 and 6 with different numbers of padding tokens: the loss is normalised by the
@@ -48,7 +60,9 @@ def test_two_ranks_take_the_steps_of_one_process_on_the_whole_batch(tmp_path):
     one = run(tmp_path / "one", "--validate", ranks=1)
     two = run(tmp_path / "two", "--validate")
     assert two["training"]["step"] == one["training"]["step"] == 25
-    assert_close_weights(one["model"], two["model"], rtol=1e-4, atol=1e-5)
+    assert_close_weights(
+        without_key_biases(one["model"]), without_key_biases(two["model"]), rtol=1e-4, atol=1e-5
+    )
     # The validation loss is summed over the ranks' parts of the validation sample, and the
     # planner evaluation ran on rank 0 while rank 1 waited.
     for a, b in zip(one["metrics"], two["metrics"], strict=True):

@@ -66,22 +66,20 @@ def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
     return checkpoint
 
 
-def wall_minutes(checkpoint: Path, planner: str) -> tuple[float | None, float]:
-    """(training, evaluation) wall time of one seed in minutes; training None if unrecorded."""
+def training_minutes(checkpoint: Path) -> float | None:
+    """The wall time `train` recorded for this checkpoint, in minutes; None if unrecorded."""
     timing = checkpoint.parent / "timing.json"
-    train_seconds = json.loads(timing.read_text())["train_seconds"] if timing.exists() else None
-    results = json.loads((checkpoint.parent / f"eval_{planner}" / "results.json").read_text())
-    return (None if train_seconds is None else train_seconds / 60), results["wall_seconds"] / 60
+    return json.loads(timing.read_text())["train_seconds"] / 60 if timing.exists() else None
 
 
-def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> float:
-    """Mean normalised score; an evaluation already on disk with the same settings is reused."""
+def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> dict:
+    """The evaluation's results.json; one already on disk with the same settings is reused."""
     run_dir = checkpoint.parent / f"eval_{planner}"
     results = run_dir / "results.json"
     if results.exists():
         summary = json.loads(results.read_text())
         if len(summary["returns"]) == episodes and not overrides:
-            return summary["normalized_score_mean"]
+            return summary
     bin_dir = Path(sys.executable).parent
     run(
         [
@@ -94,7 +92,7 @@ def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]
             *overrides,
         ]
     )
-    return json.loads((run_dir / "results.json").read_text())["normalized_score_mean"]
+    return json.loads(results.read_text())
 
 
 def dataset_score(dataset: str) -> float:
@@ -129,9 +127,14 @@ def main() -> None:
         minutes = []
         for seed in seeds:
             checkpoint = train(dataset, seed, args.out / dataset / f"seed{seed}", args.train)
-            for planner in scores:
-                scores[planner].append(evaluate(checkpoint, planner, args.episodes, args.eval))
-            minutes.append(wall_minutes(checkpoint, args.planner))
+            results = {
+                planner: evaluate(checkpoint, planner, args.episodes, args.eval)
+                for planner in scores
+            }
+            for planner, summary in results.items():
+                scores[planner].append(summary["normalized_score_mean"])
+            evaluation_minutes = results[args.planner]["wall_seconds"] / 60
+            minutes.append((training_minutes(checkpoint), evaluation_minutes))
         rows.append(
             (dataset, dataset_score(dataset), scores["bc"], scores[args.planner], seeds, minutes)
         )

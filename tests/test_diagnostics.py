@@ -20,8 +20,8 @@ from trajectory_transformer.diagnostics import (
     token_accuracy,
     value_targets_of,
 )
+from trajectory_transformer.evaluation import PlanSnapshot
 from trajectory_transformer.planning import BeamPlanner, Plan
-from trajectory_transformer.rollout import PlanSnapshot
 
 
 def scaled_model(obs: int = 3, act: int = 2, n_bins: int = 9, transitions: int = 4, seed=0):

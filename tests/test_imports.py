@@ -1,4 +1,4 @@
-"""The package's imports flow one way: data -> model -> training; model -> planning -> rollout;
+"""The package's imports flow one way: data -> model -> training; model -> planning -> evaluation;
 the command line (and its configs) on top. No cycle, and no Hydra below the command line."""
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ ALLOWED = {
     "checkpoint": {"data", "model"},
     "training": {"data", "model"},
     "planning": {"data", "model", "checkpoint"},
-    "rollout": {"data", "model", "planning"},
-    "diagnostics": {"data", "model", "checkpoint", "planning", "rollout"},
-    "viz": {"data", "model", "checkpoint", "planning", "rollout", "diagnostics", "statistics"},
-    "statistics": set(),
-    "comparison": {"checkpoint", "statistics"},
+    "evaluation": {"data", "model", "planning"},
+    "diagnostics": {"data", "model", "checkpoint", "planning", "evaluation"},
+    "viz": {"data", "model", "checkpoint", "planning", "evaluation", "diagnostics", "comparison"},
+    "comparison": {"checkpoint"},
 }
-COMMAND_LINE = {"cli", "config", "train", "evaluate", "compare", "__init__"}
+COMMAND_LINE = {"cli", "__init__"}
 
 
 def module_name(path: Path) -> str:

@@ -19,13 +19,13 @@ from trajectory_transformer.diagnostics import (
     sample_windows,
     token_accuracy,
 )
-from trajectory_transformer.planning import BeamPlanner
-from trajectory_transformer.rollout import (
+from trajectory_transformer.evaluation import (
     PlanSnapshot,
     make_env,
     record_episode,
     render_observations,
 )
+from trajectory_transformer.planning import BeamPlanner
 
 
 @pytest.fixture

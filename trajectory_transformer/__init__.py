@@ -3,9 +3,9 @@
 from trajectory_transformer.checkpoint import Checkpoint, load_checkpoint
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo, load_episodes
+from trajectory_transformer.evaluation import evaluate, make_vector_env
 from trajectory_transformer.model import GPTConfig, KVCache, TrajectoryGPT
 from trajectory_transformer.planning import BeamPlanner, Plan, PlannerConfig
-from trajectory_transformer.rollout import evaluate, make_vector_env
 
 __all__ = [
     "BeamPlanner",

@@ -18,8 +18,8 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.data.windows import TokenWindows
+from trajectory_transformer.evaluation.record import PlanSnapshot
 from trajectory_transformer.model.gpt import TrajectoryGPT
-from trajectory_transformer.rollout.record import PlanSnapshot
 
 # Dimension names of environments whose observations are known, by env id prefix.
 KNOWN_DIMENSIONS = {

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from trajectory_transformer.comparison.statistics import performance_profile
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.diagnostics import (
@@ -26,10 +27,9 @@ from trajectory_transformer.diagnostics import (
     plan_distributions,
     value_targets_of,
 )
+from trajectory_transformer.evaluation.record import EpisodeRecord, PlanSnapshot
 from trajectory_transformer.model.gpt import trajectory_attention_mask
 from trajectory_transformer.planning.beam import BeamPlanner
-from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot
-from trajectory_transformer.statistics import performance_profile
 
 BEAM_COLOUR = "0.6"
 CHOSEN_COLOUR = "tab:red"

@@ -37,7 +37,7 @@ TINY_COMPARISON = [
 def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
     create_dataset("test/tiny-v0")
     result = run_module(
-        "trajectory_transformer.compare",
+        "trajectory_transformer.cli.compare",
         *TINY_COMPARISON,
         *launcher,
         f"hydra.run.dir={tmp_path}",
@@ -65,7 +65,7 @@ def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
 
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     result = run_module(
-        "trajectory_transformer.compare", "compare.K=0", f"hydra.run.dir={tmp_path}"
+        "trajectory_transformer.cli.compare", "compare.K=0", f"hydra.run.dir={tmp_path}"
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: compare.K must be at least 1, got 0"

@@ -18,7 +18,7 @@ SMALL_PLANNER = [
 
 
 def tt_eval(*overrides, run_dir):
-    return run_module("trajectory_transformer.evaluate", *overrides, f"hydra.run.dir={run_dir}")
+    return run_module("trajectory_transformer.cli.evaluate", *overrides, f"hydra.run.dir={run_dir}")
 
 
 def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_checkpoint):

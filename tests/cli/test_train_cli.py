@@ -14,7 +14,7 @@ from conftest import create_dataset, run_module
 
 def tt_train(*overrides, run_dir, check=True):
     return run_module(
-        "trajectory_transformer.train",
+        "trajectory_transformer.cli.train",
         *TINY,
         *overrides,
         f"hydra.run.dir={run_dir}",
@@ -102,7 +102,7 @@ def test_unknown_dataset_is_one_clear_message(tmp_path):
 
 def train_until_ctrl_c(*overrides: str, run_dir) -> tuple[str, str]:
     """Start tt-train, press Ctrl-C once it has trained for a moment; (stdout, stderr)."""
-    command = [sys.executable, "-m", "trajectory_transformer.train", *TINY, *overrides]
+    command = [sys.executable, "-m", "trajectory_transformer.cli.train", *TINY, *overrides]
     command.append(f"hydra.run.dir={run_dir}")
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
@@ -139,7 +139,7 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues_the_run(tmp_path):
 
 
 def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):
-    from trajectory_transformer import train as train_cli
+    from trajectory_transformer.cli import train as train_cli
 
     create_dataset("test/tiny-v0")
     overrides = [*TINY, "trainer.max_steps=2"]

@@ -15,7 +15,7 @@ from trajectory_transformer.data import embedded, hopper
 from trajectory_transformer.data.behaviour import GaussianActor
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
-from trajectory_transformer.rollout import evaluate
+from trajectory_transformer.evaluation import evaluate
 
 SHIPPED = Path(hopper.__file__).parent / "policies" / "hopper"
 

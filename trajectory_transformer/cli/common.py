@@ -13,8 +13,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import CheckpointError
-from trajectory_transformer.comparison import ComparisonError
-from trajectory_transformer.config import (
+from trajectory_transformer.cli.schemas import (
     CollectConfig,
     CompareConfig,
     ComparisonConfig,
@@ -24,10 +23,11 @@ from trajectory_transformer.config import (
     PlannerSchema,
     TrainConfig,
 )
+from trajectory_transformer.comparison.protocol import ComparisonError
 from trajectory_transformer.data import pendulum
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.data.reference_scores import ReferenceScoreError
-from trajectory_transformer.rollout.envs import EnvMismatchError
+from trajectory_transformer.evaluation.envs import EnvMismatchError
 from trajectory_transformer.training.trainer import TrainerConfig
 
 # The YAML files of configs/ ship inside the package (see pyproject.toml), found by import name

@@ -29,7 +29,7 @@ from trajectory_transformer.cli.common import (
     friendly_errors,
     reject_unknown_keys,
 )
-from trajectory_transformer.comparison import (
+from trajectory_transformer.comparison.protocol import (
     ComparisonError,
     ComparisonSpec,
     ComparisonState,
@@ -131,7 +131,7 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     command = [
         sys.executable,
         "-m",
-        "trajectory_transformer.compare",
+        "trajectory_transformer.cli.compare",
         "--multirun",
         f"job.file={jobs_file}",
         f"job.index={','.join(str(i) for i in range(len(pending)))}",

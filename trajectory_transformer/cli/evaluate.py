@@ -17,16 +17,16 @@ from trajectory_transformer.cli.common import (
     friendly_errors,
     resolve_device,
 )
-from trajectory_transformer.config import EvaluateConfig
+from trajectory_transformer.cli.schemas import EvaluateConfig
 from trajectory_transformer.data import reference_scores
-from trajectory_transformer.planning import BeamPlanner
-from trajectory_transformer.rollout import (
+from trajectory_transformer.evaluation import (
     EpisodeRecord,
     check_env_matches,
     evaluate,
     make_vector_env,
     write_video,
 )
+from trajectory_transformer.planning import BeamPlanner
 
 
 def run(cfg: EvaluateConfig) -> dict:

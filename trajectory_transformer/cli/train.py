@@ -1,12 +1,17 @@
 """`tt-train`: fit a Trajectory Transformer to a Minari dataset and write checkpoint.pt.
 
-Under `torchrun --nproc-per-node=N -m trajectory_transformer.train ...` every process runs
+`python -m trajectory_transformer.cli.train ...` is the same as `tt-train ...`. Under
+`torchrun --nproc-per-node=N -m trajectory_transformer.cli.train ...` every process runs
 this, joins the process group, and trains its share of each batch; rank 0 alone prints,
-logs and writes checkpoints."""
+logs and writes checkpoints. From Python, `train_in_subprocess` runs it the same way (a
+notebook or a script that wants a checkpoint)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -28,15 +33,15 @@ from trajectory_transformer.cli.common import (
     resolve_device,
     to_container,
 )
-from trajectory_transformer.config import TrainConfig
+from trajectory_transformer.cli.schemas import TrainConfig
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.diagnostics import dimension_names
+from trajectory_transformer.evaluation import check_env_matches, evaluate, make_vector_env
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 from trajectory_transformer.planning import BeamPlanner
-from trajectory_transformer.rollout import check_env_matches, evaluate, make_vector_env
 from trajectory_transformer.training.distributed import Distributed, launched_by_torchrun
 from trajectory_transformer.training.trainer import EvaluateFn, Trainer
 
@@ -274,6 +279,26 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             env.close()
     say(summary.line())
     return summary.checkpoint
+
+
+def train_in_subprocess(
+    run_dir: str | os.PathLike, overrides: Sequence[str] = (), reuse: bool = True
+) -> Path:
+    """Run tt-train with Hydra `overrides` in a fresh process (as a notebook or script would)
+    and return its checkpoint. With `reuse`, a checkpoint already in `run_dir` is returned
+    without training, so re-running a notebook does not train again."""
+    checkpoint = Path(run_dir) / "checkpoint.pt"
+    if reuse and checkpoint.exists():
+        print(f"using the checkpoint trained before: {checkpoint}")
+        return checkpoint
+    command = [sys.executable, "-m", "trajectory_transformer.cli.train", *overrides]
+    command.append(f"hydra.run.dir={run_dir}")
+    print("running", " ".join(command[2:]))
+    done = subprocess.run(command, capture_output=True, text=True)
+    print(done.stdout, end="")  # the run's summary; the progress bar went to its stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"tt-train failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return checkpoint
 
 
 @hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")

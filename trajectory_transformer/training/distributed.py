@@ -53,7 +53,7 @@ class Distributed:
             raise RuntimeError(
                 f"WORLD_SIZE is {os.environ['WORLD_SIZE']} but {', '.join(missing)} is not set; "
                 "start data-parallel training with `torchrun --nproc-per-node=N -m "
-                "trajectory_transformer.train ...`"
+                "trajectory_transformer.cli.train ...`"
             )
         rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
         backend = "nccl" if device.type == "cuda" else "gloo"

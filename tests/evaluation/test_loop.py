@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from trajectory_transformer.data.minari_source import DatasetInfo
-from trajectory_transformer.rollout import (
+from trajectory_transformer.evaluation import (
     EnvMismatchError,
     check_env_matches,
     evaluate,

@@ -4,7 +4,7 @@ values computed by hand."""
 import numpy as np
 import pytest
 
-from trajectory_transformer.statistics import (
+from trajectory_transformer.comparison.statistics import (
     iqm,
     mean,
     performance_profile,

@@ -29,7 +29,7 @@ import numpy as np
 from adastop import MultipleAgentsComparator
 
 from trajectory_transformer.checkpoint import read_payload
-from trajectory_transformer.statistics import (
+from trajectory_transformer.comparison.statistics import (
     iqm,
     mean,
     probability_of_improvement,
@@ -164,6 +164,12 @@ class ComparisonSpec:
         return changes
 
 
+JOB_MODULES = {
+    "train": "trajectory_transformer.cli.train",
+    "eval": "trajectory_transformer.cli.evaluate",
+}
+
+
 @dataclass
 class Job:
     """One run of tt-train or tt-eval: `python -m <module> <args> hydra.run.dir=<run_dir>`."""
@@ -174,9 +180,7 @@ class Job:
 
     @property
     def module(self) -> str:
-        return {"train": "trajectory_transformer.train", "eval": "trajectory_transformer.evaluate"}[
-            self.kind
-        ]
+        return JOB_MODULES[self.kind]
 
     def command(self) -> list[str]:
         return ["-m", self.module, *self.args, f"hydra.run.dir={self.run_dir}"]

@@ -1,16 +1,16 @@
 """Vector environments, evaluation episodes, scores and videos."""
 
 from trajectory_transformer.data.scores import normalized_score
-from trajectory_transformer.rollout.agent import Agent, EvaluationObserver, PlanningAgent
-from trajectory_transformer.rollout.envs import (
+from trajectory_transformer.evaluation.agent import Agent, EvaluationObserver, PlanningAgent
+from trajectory_transformer.evaluation.envs import (
     EnvMismatchError,
     check_env_matches,
     make_env,
     make_vector_env,
 )
-from trajectory_transformer.rollout.evaluate import EvalResult, evaluate
-from trajectory_transformer.rollout.record import EpisodeRecord, PlanSnapshot, record_episode
-from trajectory_transformer.rollout.video import render_observations, write_video
+from trajectory_transformer.evaluation.loop import EvalResult, evaluate
+from trajectory_transformer.evaluation.record import EpisodeRecord, PlanSnapshot, record_episode
+from trajectory_transformer.evaluation.video import render_observations, write_video
 
 __all__ = [
     "Agent",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from trajectory_transformer.comparison import AgentSpec, ComparisonSpec
+from trajectory_transformer.comparison.protocol import AgentSpec, ComparisonSpec
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig

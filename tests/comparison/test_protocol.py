@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_module
 from trajectory_transformer.checkpoint import save_atomic
 from trajectory_transformer.cli import compare as compare_cli
 from trajectory_transformer.cli.common import ConfigError
-from trajectory_transformer.comparison import (
+from trajectory_transformer.comparison.protocol import (
     AgentSpec,
     ComparisonError,
     ComparisonSpec,

@@ -13,7 +13,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
-from trajectory_transformer.rollout.agent import Agent, EvaluationObserver
+from trajectory_transformer.evaluation.agent import Agent, EvaluationObserver
 
 
 @dataclass

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from trajectory_transformer.data.episodes import TERMINAL_PENALTY, reward_to_go
+from trajectory_transformer.evaluation.agent import Agent, PlanningAgent
+from trajectory_transformer.evaluation.loop import evaluate
 from trajectory_transformer.planning.plan import Plan
-from trajectory_transformer.rollout.agent import Agent, PlanningAgent
-from trajectory_transformer.rollout.evaluate import evaluate
 
 
 @dataclass
@@ -156,7 +156,7 @@ def record_episode(
     render: bool = False,
 ) -> EpisodeRecord:
     """Play one seeded episode in a fresh env from `make_env` (a thunk, e.g.
-    `rollout.make_env(info, render_mode="rgb_array")`) and return its record."""
+    `evaluation.make_env(info, render_mode="rgb_array")`) and return its record."""
     env = gym.vector.SyncVectorEnv([make_env], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     record = EpisodeRecord(plan_steps=tuple(plan_steps), render=render)
     try:

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from trajectory_transformer.planning import BeamPlanner
-from trajectory_transformer.rollout import (
+from trajectory_transformer.evaluation import (
     EpisodeRecord,
     PlanningAgent,
     evaluate,
@@ -12,8 +11,9 @@ from trajectory_transformer.rollout import (
     record_episode,
     render_observations,
 )
-from trajectory_transformer.rollout.envs import make_env
-from trajectory_transformer.rollout.video import set_state_from_observation
+from trajectory_transformer.evaluation.envs import make_env
+from trajectory_transformer.evaluation.video import set_state_from_observation
+from trajectory_transformer.planning import BeamPlanner
 
 
 def small_planner(checkpoint) -> BeamPlanner:

@@ -376,73 +376,94 @@ class BeamPlanner:
         probs = (logits / self.config.temperature).softmax(dim=-1)
         return self.discretizer.expectation(probs, dim, self.config.value_percentile)
 
-    def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
-        """Beam search from contexts (G, n*T + O) of one length; see the module docstring."""
-        c, model = self.config, self.model
-        O, A, T = self.observation_dim, self.action_dim, self.transition_dim  # noqa: E741
-        REWARD, VALUE = O + A, O + A + 1  # offsets of the reward and value in a transition
-        G, C = context.shape
-        B, X, H = c.beam_width, c.n_expand, c.horizon
-        base = C - O  # position of the current observation, the plan's first token
+    def _score(self, beams: _Beams, h: int, reward: torch.Tensor, value: torch.Tensor):
+        """The scoring rule, in one place: after planning transition `h`, a candidate scores
+        its discounted expected rewards so far plus the discounted expected value after `h`,
+        `sum_{i<=h} discount^i r_i + discount^(h+1) V_h`. Records `reward` and `value` (rows,)
+        and returns the scores (rows,)."""
+        discount = self.config.discount
+        beams.rewards[:, h], beams.values[:, h] = reward, value
+        beams.so_far = beams.so_far + discount**h * reward
+        return beams.so_far + discount ** (h + 1) * value
 
-        # One forward pass per env: its context is the shared prefix of its rows.
-        logits = model.prefill(context, cache)[:, -1]  # (G, N): first action token
+    def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
+        """Beam search from contexts (G, n*T + O) of one length; see the module docstring.
+
+        Plan columns index a transition's tokens in the plan (transition h starts at column
+        h * T); absolute positions are where a token sits in the model's sequence, the plan
+        starting at `plan_start`, the position of the current observation."""
+        c, model = self.config, self.model
+        obs_dim, act_dim, T = self.observation_dim, self.action_dim, self.transition_dim
+        REWARD, VALUE = obs_dim + act_dim, obs_dim + act_dim + 1  # offsets in a transition
+        G, context_length = context.shape
+        B, X, H = c.beam_width, c.n_expand, c.horizon
+        plan_start = context_length - obs_dim
+
+        # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
+        logits = model.prefill(context, cache)[:, -1]  # (G, N): each env's first action token
         layout, decode = cache.layout, model.decoder(cache)  # decode(tokens, position)
-        beams, rows = layout.per_copy, layout.per_copy * X
-        group = layout.group_of_rows(rows, context.device)  # (rows,)
-        logits = logits[group]  # (rows, N)
-        state = _Beams(
-            tokens=torch.zeros(rows, H * T, dtype=torch.long, device=context.device),
-            rewards=torch.zeros(rows, H, device=context.device),
-            values=torch.zeros(rows, H, device=context.device),
-            so_far=torch.zeros(rows, device=context.device),
+        n_beams = layout.per_copy  # G * B rows hold the beams (expansion copy 0)
+        n_candidates = n_beams * X  # every beam's X expansion copies
+        env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
+        logits = logits[env_of_row]  # (rows, N)
+        beams = _Beams(
+            tokens=torch.zeros(n_candidates, H * T, dtype=torch.long, device=context.device),
+            rewards=torch.zeros(n_candidates, H, device=context.device),
+            values=torch.zeros(n_candidates, H, device=context.device),
+            so_far=torch.zeros(n_candidates, device=context.device),
         )
-        state.tokens[:, :O] = context[group, base:]
+        beams.tokens[:, :obs_dim] = context[env_of_row, plan_start:]
 
         for h in range(H):
-            column = h * T  # transition h in the plan's tokens; at absolute `column + base`
-            position = base + column
-            # Actions, reward and value on every candidate row.
-            for j in range(O, O + A):
-                state.tokens[:, column + j] = token = self._sample(logits, "act")
+            column = h * T  # transition h's first plan column
+            position = plan_start + column  # ... and its absolute position
+
+            # Actions: every candidate samples its own, so the X copies of a beam diverge.
+            for j in range(obs_dim, REWARD):
+                beams.tokens[:, column + j] = token = self._sample(logits, "act")
                 logits = decode(token, position + j)  # (rows, N)
+
+            # Reward and value: their expectations score the candidate; a token of each is
+            # fed back into the sequence.
             reward = self._expected(logits, REWARD)  # (rows,)
-            state.tokens[:, column + REWARD] = token = self._sample(logits, "reward")
+            beams.tokens[:, column + REWARD] = token = self._sample(logits, "reward")
             logits = decode(token, position + REWARD)
             value = self._expected(logits, VALUE)  # (rows,)
-            state.tokens[:, column + VALUE] = self._sample(logits, "value")
-            state.rewards[:, h], state.values[:, h] = reward, value
-            state.so_far = state.so_far + c.discount**h * reward
-            candidates = state.so_far + c.discount ** (h + 1) * value  # (rows,)
+            beams.tokens[:, column + VALUE] = self._sample(logits, "value")
+            candidate_scores = self._score(beams, h, reward, value)  # (rows,)
 
-            # The best beam_width of each env's X * B candidates become its beams, rows [0, G*B).
-            scores, choice = layout.by_group(candidates).topk(B, dim=-1)  # (G, B), best first
-            chosen = layout.rows_of(choice)  # (G * B,)
+            # Select: the best B of each env's X * B candidates become its beams, rows [0, G*B).
+            scores, choice = layout.by_group(candidate_scores).topk(B, dim=-1)  # (G, B)
+            chosen = layout.rows_of(choice)  # (G * B,) best first within each env
             if h == H - 1:
-                state.select_(chosen)
+                beams.select_(chosen)
                 break
-            state.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
-            # Positions before `C` are the env's shared context: only the plan moves, and only
-            # on the beams; the other expansion copies are refilled after the observation.
-            cache.reorder_(chosen, position + VALUE, start=C)
+            beams.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
+            # Only the planned positions move, and only on the beams: the context is shared,
+            # and the other expansion copies are refilled below.
+            cache.reorder_(chosen, position + VALUE, start=context_length)
 
-            # Value token, then the next observation, on the beams only.
-            logits = decode(state.tokens[:beams, column + VALUE], position + VALUE)
-            following = column + T  # the next transition
-            for i in range(O):
-                token = self._sample(logits[:beams], "obs")
-                state.tokens[:beams, following + i] = token
-                logits = decode(token, base + following + i)  # (beams, N)
-            if X > 1:  # the other expansion copies continue the beams
-                cache.repeat_rows_(beams, X, base + following + O, start=C)
-                span = slice(following, following + O)
-                state.tokens[:, span] = layout.repeat(state.tokens[:beams, span], X)
+            # Next observation, on the beams only: decode the value token, then sample the O
+            # observation tokens of transition h + 1.
+            logits = decode(beams.tokens[:n_beams, column + VALUE], position + VALUE)
+            next_column = column + T
+            for i in range(obs_dim):
+                token = self._sample(logits[:n_beams], "obs")
+                beams.tokens[:n_beams, next_column + i] = token
+                logits = decode(token, plan_start + next_column + i)  # (beams, N)
+
+            # Refill: the other expansion copies continue the beams from here.
+            if X > 1:
+                written = plan_start + next_column + obs_dim  # positions decoded so far
+                cache.repeat_rows_(n_beams, X, written, start=context_length)
+                observation = slice(next_column, next_column + obs_dim)
+                beams.tokens[:, observation] = layout.repeat(beams.tokens[:n_beams, observation], X)
                 logits = layout.repeat(logits, X)  # (rows, N)
 
         return _Search(
-            tokens=state.tokens[:beams].view(G, B, H, T),
-            rewards=state.rewards[:beams].view(G, B, H),
-            values=state.values[:beams].view(G, B, H),
+            tokens=beams.tokens[:n_beams].view(G, B, H, T),
+            rewards=beams.rewards[:n_beams].view(G, B, H),
+            values=beams.values[:n_beams].view(G, B, H),
             scores=scores,
             rows=chosen,
             cache=cache,

@@ -90,7 +90,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise DatasetError(
+        raise ConfigError(
             f"device={name} was asked for, but no CUDA device is visible; use device=cpu."
         )
     return device

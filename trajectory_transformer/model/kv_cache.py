@@ -105,7 +105,7 @@ class KVCache:
                 f"({self.rows} rows x {self.max_len} positions)"
             )
         # index_select copies first, so overlapping source and target rows are safe. One layer
-        # at a time gathers along the outermost dimension, about twice as fast on CPU.
+        # at a time gathers along the outermost dimension, which the CPU does faster.
         for buf in (self.keys, self.values):
             for layer in buf:  # (R, nh, M, hs)
                 span = layer[:, :, start:length]  # (R, nh, length - start, hs)

@@ -58,7 +58,7 @@ def filter_logits(
 def sample_categorical(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One token index (...,) int64 per row of logits (..., N), drawn with `generator`."""
     probs = logits.softmax(dim=-1)
-    # Exp(1) draws as -log(U), several times faster than `exponential_` on CPU. U < 1 keeps
+    # Exp(1) draws as -log(U), cheaper than `exponential_` on the CPU. U < 1 keeps
     # every draw above 0 (a zero draw would turn a zero-probability token into 0/0 = NaN, which
     # argmax picks); the clamp keeps it finite, so a possible token always beats impossible ones.
     uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)

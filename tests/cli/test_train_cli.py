@@ -193,3 +193,22 @@ def test_the_discretizer_summary_names_poor_and_discrete_dimensions(capsys):
     describe_discretizer(Discretizer.fit(data, 50, bin_values="midpoint"), data, names)
     out, err = capsys.readouterr()
     assert "round-trip error above 0.1 standard deviations in reward (" in err
+
+
+def test_the_discretizer_summary_reports_rare_falls_with_their_decoded_mean(capsys):
+    import numpy as np
+
+    from trajectory_transformer.cli.train import describe_discretizer
+    from trajectory_transformer.data.discretizer import Discretizer
+    from trajectory_transformer.diagnostics import dimension_names
+
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(20_000, 5))  # obs0 obs1 act0 rew val
+    data[:20, 3] = -97.0 + rng.normal(size=20)  # 20 falls
+    names = dimension_names(2, 1)
+    describe_discretizer(Discretizer.fit(data, 50), data, names)
+    out, _ = capsys.readouterr()
+    (line,) = [line for line in out.splitlines() if line.startswith("rare mode")]
+    mean = data[:20, 3].mean()
+    assert line.startswith("rare mode of reward kept in bins of its own: 20 values in [")
+    assert line.endswith(f"mean {mean:.4g}, decoded mean {mean:.4g}")

@@ -184,3 +184,83 @@ def test_an_edges_only_state_decodes_to_midpoints_as_before():
 def test_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match="uniform"):
         Discretizer.fit(np.zeros((3, 1)), 4, "kmeans")
+
+
+# --- rare modes far from the bulk keep bins of their own ---------------------------------
+
+
+def falls(count: int, seed: int = 0) -> np.ndarray:
+    """100,000 rewards near 3 (a hopper's gait) and `count` falls near -97 (reward - 100)."""
+    rng = np.random.default_rng(seed)
+    return np.concatenate([rng.normal(3.0, 0.7, 100_000), rng.normal(-97.0, 1.0, count)])
+
+
+def one_hot(token: int, n_bins: int = 100) -> torch.Tensor:
+    probs = torch.zeros(n_bins)
+    probs[token] = 1.0
+    return probs
+
+
+@pytest.mark.parametrize("count", [192, 20, 2])
+def test_rare_falls_decode_to_their_own_mean(count):
+    rewards = falls(count)
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    assert abs(round_trip(fitted, [-97.0])[0] - (-97.0)) < 1.0
+    token = int(fitted.encode(torch.tensor([[-97.0]]))[0, 0])
+    assert abs(float(fitted.expectation(one_hot(token), 0)) - (-97.0)) < 1.0
+    (mode,) = fitted.rare_modes(rewards[:, None], 0)
+    assert mode.count == count and -103 < mode.low <= mode.high < -90
+    np.testing.assert_allclose(mode.decoded_mean, mode.mean, rtol=1e-5)
+    np.testing.assert_allclose(mode.mean, rewards[100_000:].mean(), rtol=1e-6)
+    # The bulk loses one bin at most: its round trip stays as fine as before.
+    bulk = rewards[:100_000]
+    assert np.abs(round_trip(fitted, bulk) - bulk).mean() < 0.02 * bulk.std()
+
+
+def test_without_the_rare_bin_a_fall_decodes_to_a_fraction_of_itself():
+    """What the rare bin prevents: the original's bin midpoints average the fall with the
+    bulk's lowest rewards."""
+    rewards = falls(20)
+    midpoint = Discretizer.fit(rewards[:, None], 100, "quantile", bin_values="midpoint")
+    assert round_trip(midpoint, [-97.0])[0] > -60
+
+
+def test_a_sparse_reward_with_one_in_a_thousand_ones():
+    rewards = np.zeros(100_000)
+    rewards[np.random.default_rng(5).permutation(100_000)[:100]] = 1.0
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    np.testing.assert_array_equal(round_trip(fitted, [0.0, 1.0]), [0.0, 1.0])
+    token = int(fitted.encode(torch.tensor([[1.0]]))[0, 0])
+    assert float(fitted.expectation(one_hot(token), 0)) == 1.0
+    (mode,) = fitted.rare_modes(rewards[:, None], 0)
+    assert (mode.count, mode.mean, mode.decoded_mean) == (100, 1.0, 1.0)
+
+
+def test_a_rare_spread_goal_bonus_among_small_dense_rewards():
+    rng = np.random.default_rng(6)
+    rewards = np.concatenate([rng.uniform(-0.1, 0.0, 50_000), 10.0 + rng.uniform(0, 0.5, 30)])
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    (mode,) = fitted.rare_modes(rewards[:, None], 0)
+    assert mode.count == 30 and abs(mode.decoded_mean - mode.mean) < 1e-5
+    assert abs(round_trip(fitted, [10.2])[0] - mode.mean) < 0.5
+
+
+def test_no_bin_spans_the_gap_of_a_bimodal_column():
+    rng = np.random.default_rng(7)
+    column = np.concatenate([rng.normal(-5, 0.5, 50_000), rng.normal(5, 0.5, 50_000)])
+    fitted = Discretizer.fit(column[:, None], 100, "quantile")
+    values = fitted.values[0, : int(fitted.effective_bins[0])]
+    assert not ((values > -2.5) & (values < 2.5)).any()  # nothing decodes into the gap
+    decoded = round_trip(fitted, column)
+    assert (np.sign(decoded) == np.sign(column)).all()  # every value stays in its mode
+    assert np.abs(decoded - column).mean() < 0.02  # 4% of a mode's spread
+    assert fitted.rare_modes(column[:, None], 0) == []  # both modes are common
+
+
+def test_columns_without_far_gaps_keep_their_plain_quantile_edges():
+    rng = np.random.default_rng(8)
+    for column in (rng.normal(size=20_000), rng.exponential(size=20_000)):
+        fitted = Discretizer.fit(column[:, None], 50, "quantile")
+        plain = np.quantile(column.astype(np.float32).astype(np.float64), np.linspace(0, 1, 51))
+        np.testing.assert_allclose(fitted.edges[0].numpy(), plain.astype(np.float32), rtol=1e-6)
+        assert fitted.rare_modes(column[:, None], 0) == []

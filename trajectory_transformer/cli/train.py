@@ -75,6 +75,13 @@ def describe_discretizer(discretizer: Discretizer, transitions: np.ndarray, name
             f"{', '.join(poor)}; more bins (dataset.n_bins) or dataset.bin_values=mean may help",
             file=sys.stderr,
         )
+    for dim in (len(names) - 2, len(names) - 1):  # reward and value
+        for mode in discretizer.rare_modes(transitions, dim):
+            print(
+                f"rare mode of {names[dim]} kept in bins of its own: {mode.count} values in "
+                f"[{mode.low:.4g}, {mode.high:.4g}], mean {mode.mean:.4g}, decoded mean "
+                f"{mode.decoded_mean:.4g}"
+            )
     distinct = [len(np.unique(column)) for column in np.asarray(transitions).T]
     few = [f"{n} ({d})" for n, d in zip(names, distinct, strict=True) if d < N]
     if few:

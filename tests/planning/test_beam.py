@@ -83,13 +83,15 @@ def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(dones) -> 
     )
 
 
+@pytest.mark.parametrize("feedback", ["greedy", "sample"])
 @pytest.mark.parametrize("history", [0, 1, 2])
-def test_sampled_single_env_equals_naive_with_the_same_draws(history: int) -> None:
+def test_sampled_single_env_equals_naive_with_the_same_draws(history: int, feedback: str) -> None:
     # Many bins and flatter distributions: with few, peaked ones, candidates often repeat, and
     # which of two equal-scoring copies survives (and so which later draws it gets) would
     # hinge on float rounding, which differs between the cached and the full-sequence paths.
     model, disc = tiny_model(n_bins=256, scale=2.0), tiny_discretizer(n_bins=256)
-    planner = BeamPlanner(model, disc, seed=7, **SMALL)
+    feedback_tokens = dict(reward_token=feedback, value_token=feedback)
+    planner = BeamPlanner(model, disc, seed=7, **SMALL, **feedback_tokens)
     planner.reset(1)
     obs = run_steps(planner, history)
     planner.generator.manual_seed(7)
@@ -282,3 +284,33 @@ def test_a_plan_of_certainly_zero_rewards_scores_its_discounted_value() -> None:
     assert torch.equal(plan.rewards, torch.zeros_like(plan.rewards))
     H, discount = planner.config.horizon, planner.config.discount
     torch.testing.assert_close(plan.scores, discount**H * plan.values[..., -1])
+
+
+@pytest.mark.parametrize("kind", ["reward", "value"])
+def test_greedy_feedback_feeds_back_the_most_likely_reward_and_value_tokens(kind: str) -> None:
+    """The original's k_rew=1: every planned reward (value) token is the argmax of what the
+    model predicts at its position; sampled feedback draws others."""
+    model, disc = tiny_model(n_bins=256, scale=2.0), tiny_discretizer(n_bins=256)
+    offset = OBS + ACT + (kind == "value")
+
+    def argmax_share(feedback: str) -> float:
+        planner = BeamPlanner(model, disc, seed=3, **SMALL, **{f"{kind}_token": feedback})
+        planner.reset(1)
+        obs = run_steps(planner, 2)
+        context = planner.context_tokens(obs)[0]
+        plan = planner.plan(obs)
+        sequences = torch.cat([context[None].expand(4, -1)[:, :-OBS], plan.tokens[0].flatten(1)], 1)
+        with torch.inference_mode():
+            logits = model(sequences)  # (beams, S, N)
+        start = len(context) - OBS
+        positions = [start + h * T + offset for h in range(3)]
+        predicted = logits[:, [p - 1 for p in positions]].argmax(-1)  # (beams, H)
+        return (predicted == sequences[:, positions]).float().mean().item()
+
+    assert argmax_share("greedy") == 1.0
+    assert argmax_share("sample") < 1.0
+
+
+def test_token_feedback_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match=r"planner\.reward_token must be one of greedy, sample"):
+        PlannerConfig(reward_token="mean")

@@ -359,18 +359,8 @@ class BeamPlanner:
         return self._cache
 
     def _sample(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
-        c = self.config
-        top_k, cdf = {"obs": (c.k_obs, c.cdf_obs), "act": (c.k_act, c.cdf_act)}.get(
-            kind, (None, None)
-        )
-        return sample_tokens(
-            logits,
-            self.generator,
-            temperature=c.temperature,
-            top_k=top_k,
-            cdf=cdf,
-            deterministic=c.deterministic,
-        )
+        """Tokens of `kind` (obs, act, reward, value) under the planner's settings."""
+        return sample_tokens(logits, self.generator, **self.config.sampling(kind))
 
     def _expected(self, logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / self.config.temperature).softmax(dim=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, fields, replace
 
 from trajectory_transformer.data.episodes import DISCOUNT
@@ -39,13 +40,27 @@ class PlannerConfig:
     value_percentile: float | None = None
     """Score rewards and values by this percentile of their predicted distributions, in (0, 1);
     None uses the mean."""
+    reward_token: str = "sample"
+    """The reward token fed back into the sequence after a planned action: `greedy`, the most
+    likely one (the original's `k_rew=1`), or `sample`d from the predicted distribution. The
+    beam's score uses the expectation either way."""
+    value_token: str = "sample"
+    """The value token fed back into the sequence: `greedy` or `sample`, as `reward_token`."""
     deterministic: bool = False
     """Greedy (argmax) tokens everywhere instead of sampling; for tests and ablations."""
     seed: int = 0
     """Seed of the planner's random generator, re-applied by `reset` (evaluation derives one
     independent stream from it per wave of episodes)."""
 
+    TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
+
     def __post_init__(self) -> None:
+        for name in ("reward_token", "value_token"):
+            if getattr(self, name) not in self.TOKEN_FEEDBACK:
+                raise ValueError(
+                    f"planner.{name} must be one of {', '.join(self.TOKEN_FEEDBACK)}, got "
+                    f"{getattr(self, name)!r}"
+                )
         for name in ("horizon", "beam_width", "n_expand", "plan_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"planner.{name} must be at least 1, got {getattr(self, name)}")
@@ -76,6 +91,19 @@ class PlannerConfig:
                 f"planner.plan_every ({self.plan_every}) cannot exceed the horizon "
                 f"({self.horizon}): a plan has only {self.horizon} actions to follow"
             )
+
+    def sampling(self, kind: str) -> dict:
+        """`sample_tokens`' settings for tokens of `kind`: obs, act, reward or value."""
+        top_k, cdf = {"obs": (self.k_obs, self.cdf_obs), "act": (self.k_act, self.cdf_act)}.get(
+            kind, (None, None)
+        )
+        greedy = {"reward": self.reward_token, "value": self.value_token}.get(kind) == "greedy"
+        return dict(
+            temperature=self.temperature,
+            top_k=top_k,
+            cdf=cdf,
+            deterministic=self.deterministic or greedy,
+        )
 
     def with_overrides(self, **overrides: object) -> PlannerConfig:
         names = {f.name for f in fields(self)}

@@ -60,15 +60,8 @@ def _search_one(
     def next_logits(sequences: torch.Tensor) -> torch.Tensor:
         return model(sequences)[:, -1]  # (rows, N), the whole prefix every time
 
-    def sample(logits: torch.Tensor, top_k: int | None, cdf: float | None) -> torch.Tensor:
-        return sample_tokens(
-            logits,
-            generator,
-            temperature=c.temperature,
-            top_k=top_k,
-            cdf=cdf,
-            deterministic=c.deterministic,
-        )
+    def sample(logits: torch.Tensor, kind: str) -> torch.Tensor:
+        return sample_tokens(logits, generator, **c.sampling(kind))
 
     def expected(logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / c.temperature).softmax(dim=-1)
@@ -80,14 +73,14 @@ def _search_one(
     so_far = torch.zeros(B * X, device=context.device)
     for h in range(H):
         for _ in range(n_act):
-            token = sample(next_logits(sequences), c.k_act, c.cdf_act)
+            token = sample(next_logits(sequences), "act")
             sequences = torch.cat([sequences, token[:, None]], dim=1)
         logits = next_logits(sequences)
         reward = expected(logits, n_obs + n_act)
-        sequences = torch.cat([sequences, sample(logits, None, None)[:, None]], dim=1)
+        sequences = torch.cat([sequences, sample(logits, "reward")[:, None]], dim=1)
         logits = next_logits(sequences)
         value = expected(logits, n_obs + n_act + 1)
-        sequences = torch.cat([sequences, sample(logits, None, None)[:, None]], dim=1)
+        sequences = torch.cat([sequences, sample(logits, "value")[:, None]], dim=1)
         rewards[:, h], values[:, h] = reward, value
         so_far = so_far + c.discount**h * reward
         scores, chosen = (so_far + c.discount ** (h + 1) * value).topk(B)  # (B,)
@@ -96,7 +89,7 @@ def _search_one(
         if h == H - 1:
             break
         for _ in range(n_obs):
-            token = sample(next_logits(sequences), c.k_obs, c.cdf_obs)
+            token = sample(next_logits(sequences), "obs")
             sequences = torch.cat([sequences, token[:, None]], dim=1)
         sequences, rewards, values = (
             t.repeat(X, *[1] * (t.ndim - 1)) for t in (sequences, rewards, values)

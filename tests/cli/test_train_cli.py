@@ -212,3 +212,21 @@ def test_the_discretizer_summary_reports_rare_falls_with_their_decoded_mean(caps
     mean = data[:20, 3].mean()
     assert line.startswith("rare mode of reward kept in bins of its own: 20 values in [")
     assert line.endswith(f"mean {mean:.4g}, decoded mean {mean:.4g}")
+
+
+def test_a_time_budget_ends_a_run_annealed_and_says_so(tmp_path):
+    create_dataset("test/tiny-v0")
+    result = tt_train(
+        "trainer.max_steps=1000000",
+        "trainer.schedule=wsd",
+        "trainer.time_budget=4s",
+        run_dir=tmp_path,
+        check=True,
+    )
+    assert "schedule wsd, within 4s of training, 1000000 steps planned" in result.stdout
+    assert "stopped: the time budget of 4s drew near, so the learning rate cooled down" in (
+        result.stdout
+    )
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["training"]
+    assert state["finished"] and state["cooldown"]["end"] == state["step"] < 1000000
+    assert 3.0 < state["elapsed_seconds"] < 6.0

@@ -268,6 +268,9 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             f"until the validation loss stalls for {cfg.trainer.patience} validations, at most "
             f"{trainer.total_steps} steps ({trainer.epochs} epochs of "
         )
+    if cfg.trainer.time_budget is not None:
+        length = f"within {cfg.trainer.time_budget} of training, {length}"
+    length = f"schedule {cfg.trainer.schedule}, {length}"
     ranks = f" x {dist.world_size} ranks" if dist.active else ""
     say(
         f"model: {model.num_parameters():,} parameters, block {model_config.block_size} tokens; "

@@ -1,10 +1,11 @@
-"""Training loop: weighted cross-entropy, AdamW, warm-up + cosine by tokens, resumable.
+"""Training loop: weighted cross-entropy, AdamW, a learning-rate schedule, resumable.
 
 One process, or several under torchrun (`Distributed`): `batch_size` is always the global
 batch, split across the ranks, and the loss is normalised by the global batch's token count,
 so N ranks take exactly the step that one process takes on the whole batch. Optional: a
 validation split (loss per token kind, a stopping rule, `best_validation.pt`) and planner
-evaluation during training (`best.pt`).
+evaluation during training (`best.pt`). The schedules, and the wall-clock budget, are in
+`schedule.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,6 +27,17 @@ from tqdm.auto import tqdm
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import TrajectoryGPT
 from trajectory_transformer.training.distributed import Distributed
+from trajectory_transformer.training.schedule import (
+    SCHEDULES,
+    Cooldown,
+    RunClock,
+    cooldown_due,
+    cooldown_from,
+    cosine_learning_rate,
+    format_duration,
+    parse_duration,
+    wsd_learning_rate,
+)
 
 LogFn = Callable[[dict, int], None]
 SaveFn = Callable[..., Path]  # save(training_state, name="checkpoint.pt") -> the file written
@@ -48,10 +60,25 @@ class TrainerConfig:
     """AdamW decay, applied to weight matrices only (not biases, norms, embeddings)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip."""
+    schedule: str = "cosine"
+    """The learning rate's course (see `schedule.py`): `cosine` decays over the planned
+    length; `wsd` holds the peak, then cools down whenever the run decides to end (step cap,
+    time budget, stopping rule, or a first Ctrl-C with `cooldown_on_interrupt`);
+    `schedule_free` is the `schedulefree` package's AdamW, whose checkpoints are a finished
+    model at any step."""
     warmup_fraction: float = 0.05
     """Fraction of the planned training tokens spent warming the learning rate up."""
     min_lr_fraction: float = 0.1
-    """Cosine decay floor, as a fraction of the peak learning rate."""
+    """Floor of the cosine decay and of WSD's cooldown, as a fraction of the peak."""
+    cooldown_fraction: float = 0.2
+    """WSD: the cooldown lasts this fraction of the steps taken before it."""
+    cooldown_on_interrupt: bool = False
+    """WSD: a first Ctrl-C starts the cooldown (the run then ends annealed) instead of
+    stopping; a second stops at once."""
+    time_budget: str | None = None
+    """Wall-clock training time, e.g. `30m` or `2h` (over all resumes of a run): the run plans
+    its length to end within it, re-planning as its pace changes, cooldown included, and stops
+    there unless the step cap or the stopping rule ends it first."""
     reference_epochs: float = 50.0
     """Epochs per one million transitions (the paper's rule): epochs = ref * 1e6 / windows."""
     epochs: int | None = None
@@ -95,6 +122,21 @@ class TrainerConfig:
     """Steps between progress-bar and wandb updates."""
 
     def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"trainer.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+        if not 0.0 < self.cooldown_fraction <= 1.0:
+            raise ValueError(
+                f"trainer.cooldown_fraction must be in (0, 1], got {self.cooldown_fraction}"
+            )
+        if self.cooldown_on_interrupt and self.schedule != "wsd":
+            raise ValueError(
+                "trainer.cooldown_on_interrupt needs trainer.schedule=wsd, the schedule with a "
+                f"cooldown; got trainer.schedule={self.schedule}"
+            )
+        if self.time_budget is not None:
+            parse_duration(self.time_budget)
         if self.precision not in PRECISIONS:
             raise ValueError(
                 f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
@@ -178,13 +220,29 @@ def weighted_loss(
 
 
 def learning_rate(cfg: TrainerConfig, tokens_seen: float, planned_tokens: float) -> float:
-    """Linear warm-up, then cosine decay to `min_lr_fraction` of the peak, by tokens seen."""
-    warmup = cfg.warmup_fraction * planned_tokens
-    if tokens_seen < warmup:
-        return cfg.learning_rate * tokens_seen / max(warmup, 1.0)
-    progress = min(1.0, (tokens_seen - warmup) / max(planned_tokens - warmup, 1.0))
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return cfg.learning_rate * max(cfg.min_lr_fraction, cosine)
+    """The cosine schedule: linear warm-up, then cosine decay to `min_lr_fraction` of the
+    peak, by tokens seen."""
+    return cosine_learning_rate(
+        cfg.learning_rate, cfg.warmup_fraction, cfg.min_lr_fraction, tokens_seen, planned_tokens
+    )
+
+
+def schedule_free_optimizer(
+    adamw: torch.optim.AdamW, warmup_steps: int
+) -> torch.optim.Optimizer:
+    """The `schedulefree` package's AdamW over `adamw`'s parameter groups (the same weight
+    decay on the same parameters), its learning rate and betas, warming up over
+    `warmup_steps`."""
+    from schedulefree import AdamWScheduleFree
+
+    defaults = adamw.defaults
+    groups = [
+        {"params": group["params"], "weight_decay": group["weight_decay"]}
+        for group in adamw.param_groups
+    ]
+    return AdamWScheduleFree(
+        groups, lr=defaults["lr"], betas=defaults["betas"], warmup_steps=warmup_steps
+    )
 
 
 def planned_steps(cfg: TrainerConfig, windows: int) -> tuple[int, int]:
@@ -244,9 +302,6 @@ class Trainer:
         self.evaluate = evaluate  # rank 0's; the other ranks wait while it plays
         self.device = next(model.parameters()).device
         self.forward = self._training_forward(model)
-        self.optimizer = model.configure_optimizer(
-            cfg.learning_rate, cfg.weight_decay, cfg.betas, fused=self.device.type == "cuda"
-        )
         self.weights = loss_weights(model, cfg).to(self.device)
         self.kinds = token_kinds(model).to(self.device)
         self.epochs, self.total_steps = planned_steps(cfg, len(windows))
@@ -256,11 +311,20 @@ class Trainer:
         self.stopping_rule = (
             cfg.max_steps is None and cfg.epochs is None and self.validation is not None
         )
-        scheduled_steps = self.total_steps
+        self.scheduled_steps = self.total_steps
         if self.stopping_rule:
             schedule = math.ceil(cfg.schedule_epochs * self.steps_per_epoch)
-            scheduled_steps = min(scheduled_steps, schedule)
-        self.planned_tokens = float(scheduled_steps * self.tokens_per_step)
+            self.scheduled_steps = min(self.scheduled_steps, schedule)
+        self.planned_tokens = float(self.scheduled_steps * self.tokens_per_step)
+        self.optimizer = model.configure_optimizer(
+            cfg.learning_rate, cfg.weight_decay, cfg.betas, fused=self.device.type == "cuda"
+        )
+        if cfg.schedule == "schedule_free":
+            self.optimizer = schedule_free_optimizer(
+                self.optimizer, round(cfg.warmup_fraction * self.scheduled_steps)
+            )
+        self.clock = RunClock(None if cfg.time_budget is None else parse_duration(cfg.time_budget))
+        self.cooldown: Cooldown | None = None  # WSD's, once it has started
         # Batch order comes from its own generator. Its state at the start of the current epoch
         # is kept and saved, so a resumed run draws the same permutation and skips the batches
         # already done. Dropout draws from torch's global generator, which the caller seeded
@@ -281,6 +345,8 @@ class Trainer:
         self._validation_ids = self._validation_sample()
         self._rng_at_step_start: dict | None = None  # set while a step is in progress
         self._interrupted = False
+        self._cooldown_requested = False  # by a first Ctrl-C, under cooldown_on_interrupt
+        self._cooldown_reason = ""
         self._applying = False  # a step's update is being applied: a Ctrl-C waits for it
         self._abort_after_update = False
 
@@ -314,6 +380,85 @@ class Trainer:
             ids = chosen[:limit].sort().values
         return self.dist.share(ids)
 
+    # -- schedule and length ---------------------------------------------------------------
+    def learning_rate(self) -> float:
+        """This step's learning rate under `trainer.schedule`."""
+        cfg = self.cfg
+        if cfg.schedule == "wsd":
+            return wsd_learning_rate(
+                cfg.learning_rate,
+                cfg.warmup_fraction,
+                cfg.min_lr_fraction,
+                self.tokens_seen,
+                self.planned_tokens,
+                self.step,
+                self.cooldown,
+            )
+        if cfg.schedule == "schedule_free":
+            return cfg.learning_rate  # the optimiser warms up and averages by itself
+        return learning_rate(cfg, self.tokens_seen, self.planned_tokens)
+
+    def last_step(self) -> int:
+        """The step the run ends at, as planned now: the cooldown's end once it has begun,
+        else the step cap or, sooner, the last step the time budget fits."""
+        if self.cooldown is not None:
+            return self.cooldown.end
+        fit = self.clock.steps_that_fit(self.step)
+        return self.total_steps if fit is None else min(self.total_steps, fit)
+
+    def _replan(self) -> None:
+        """After each step: what the time budget fits at the pace measured so far, the
+        cosine's span that follows it, and whether WSD's cooldown is due."""
+        fit = self.clock.steps_that_fit(self.step)
+        if fit is not None:
+            if self.cfg.schedule != "schedule_free":  # the cosine's span, the warm-up's
+                span = min(self.scheduled_steps, max(fit, 1))
+                self.planned_tokens = float(span * self.tokens_per_step)
+            if self.cooldown is not None and fit < self.cooldown.end:  # slower than planned
+                self.cooldown = replace(self.cooldown, end=max(fit, self.step))
+        if self.cfg.schedule == "wsd" and self.cooldown is None:
+            last = self.last_step()
+            level = self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
+            self.cooldown = cooldown_due(self.step, self.cfg.cooldown_fraction, last, level)
+            if self.cooldown is not None:
+                self._cooldown_reason = (
+                    f"the time budget of {self.cfg.time_budget} drew near"
+                    if last < self.total_steps
+                    else f"the run neared its {self.total_steps} planned steps"
+                )
+
+    def _start_cooldown(self, reason: str) -> None:
+        """WSD: cool down from now over `cooldown_fraction` of the steps so far."""
+        level = self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
+        self.cooldown = cooldown_from(
+            self.step, self.cfg.cooldown_fraction, self.last_step(), level
+        )
+        self._cooldown_reason = reason
+
+    def _in_schedule_free_steps(self) -> bool:
+        """The model holds the point schedule-free takes its steps at, not its average."""
+        return self.cfg.schedule == "schedule_free" and self.optimizer.param_groups[0]["train_mode"]
+
+    @contextlib.contextmanager
+    def _evaluation_weights(self) -> Iterator[None]:
+        """Validation, planner evaluations and checkpoints use schedule-free's averaged
+        weights, the model it converges to; its steps are taken at other points, restored
+        exactly afterwards (recomputing them from the average would round). A no-op for the
+        other schedules."""
+        if not self._in_schedule_free_steps():
+            yield
+            return
+        steps_point = [p.detach().clone() for p in self.model.parameters()]
+        self.optimizer.eval()
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for p, saved in zip(self.model.parameters(), steps_point, strict=True):
+                    p.copy_(saved)
+            for group in self.optimizer.param_groups:
+                group["train_mode"] = True
+
     # -- state ---------------------------------------------------------------------------
     def _rng_state(self) -> dict:
         state = {"torch_rng_state": torch.get_rng_state()}
@@ -339,8 +484,15 @@ class Trainer:
             "best_validation": self.best_validation,
             "validations_since_best": self.validations_since_best,
             "best_score": self.best_score,
+            "schedule": self.cfg.schedule,
+            "cooldown": None if self.cooldown is None else asdict(self.cooldown),
+            "elapsed_seconds": self.clock.elapsed,
             **rng,
         }
+        if self._in_schedule_free_steps():  # checkpoints hold the average; resume needs both
+            state["steps_weights"] = {
+                name: p.detach().clone() for name, p in self.model.named_parameters()
+            }
         if self.dist.active:
             state["rank_rng_states"] = self.dist.gather(rng)
         return state
@@ -351,7 +503,20 @@ class Trainer:
                 f"the checkpoint planned {state['total_steps']} steps, this config plans "
                 f"{self.total_steps}; resume with the same trainer settings."
             )
+        schedule = state.get("schedule", "cosine")
+        if schedule != self.cfg.schedule:
+            raise ValueError(
+                f"the checkpoint was trained with trainer.schedule={schedule}, this config has "
+                f"{self.cfg.schedule}; resume with trainer.schedule={schedule}"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
+        if "steps_weights" in state:  # the model was loaded with the averaged weights
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(state["steps_weights"][name])
+        cooldown = state.get("cooldown")
+        self.cooldown = None if cooldown is None else Cooldown(**cooldown)
+        self.clock = RunClock(self.clock.budget, float(state.get("elapsed_seconds", 0.0)))
         self.step = state["step"]
         self.epoch = state["epoch"]
         self.step_in_epoch = state["step_in_epoch"]
@@ -415,7 +580,7 @@ class Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         # Until here nothing of the run's state has changed; from here it changes as a whole.
         with self._applied_whole():
-            lr = learning_rate(self.cfg, self.tokens_seen, self.planned_tokens)
+            lr = self.learning_rate()
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.optimizer.step()
@@ -436,6 +601,10 @@ class Trainer:
         over the fixed validation sample, summed over the ranks' parts. Draws no random
         numbers (dropout is off), so it leaves a run's course unchanged."""
         assert self.validation is not None and self._validation_ids is not None
+        with self._evaluation_weights():
+            return self._validate()
+
+    def _validate(self) -> dict[str, float]:
         self.model.eval()
         kinds = len(TOKEN_KINDS)
         # Per kind: summed cross-entropy, token count; then the weighted sum.
@@ -471,7 +640,8 @@ class Trainer:
         if self.dist.is_main:
             rng = self._rng_state()  # the planner's sampling must not move training's dropout
             try:
-                result = self.evaluate(self.model.eval())
+                with self._evaluation_weights():
+                    result = self.evaluate(self.model.eval())
             finally:
                 torch.set_rng_state(rng["torch_rng_state"])
                 if "cuda_rng_state" in rng:
@@ -490,7 +660,16 @@ class Trainer:
             return None
 
         def handler(signum, frame):
-            if not self._interrupted:
+            first = not (self._interrupted or self._cooldown_requested)
+            if first and self.cfg.cooldown_on_interrupt:
+                self._cooldown_requested = True
+                if self.dist.is_main:
+                    print(
+                        "\ncooling the learning rate down before stopping (Ctrl-C again: stop now)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+            elif not self._interrupted and not self._cooldown_requested:
                 self.request_stop()
                 if self.dist.is_main:
                     print(
@@ -510,32 +689,30 @@ class Trainer:
         state = self.state(finished=finished)
         path = None
         if self.dist.is_main:
-            path = self.save(state) if name == "checkpoint.pt" else self.save(state, name)
+            with self._evaluation_weights():
+                path = self.save(state) if name == "checkpoint.pt" else self.save(state, name)
         if name == "checkpoint.pt":
             self.saved_step = self.step
         return path
 
     def _after_step(
-        self, loss: torch.Tensor, start_time: float, start_tokens: float, bar
+        self, loss: torch.Tensor, start_time: float, start_tokens: float, bar, final: bool
     ) -> str | None:
-        """Logging, validation, evaluation and checkpoints after a step; returns why training
-        stops now, or None."""
+        """Logging, validation, evaluation and checkpoints after a step (`final`: the run's
+        last); returns why training stops now, or None."""
         cfg, metrics = self.cfg, {}
-        if self.step % cfg.log_every == 0 or self.step == self.total_steps:
+        if self.step % cfg.log_every == 0 or final:
             # The only host sync, every log_every steps.
             self.last_loss = float(self.dist.sum_(loss.clone()))
             rate = (self.tokens_seen - start_tokens) / (time.perf_counter() - start_time)
-            bar.set_postfix(loss=f"{self.last_loss:.4f}", tok_s=f"{rate:,.0f}")
+            bar.set_postfix(self._progress(loss=f"{self.last_loss:.4f}", tok_s=f"{rate:,.0f}"))
             lr = self.optimizer.param_groups[0]["lr"]
             metrics |= {"train/loss": self.last_loss, "train/lr": lr}
             metrics |= {"train/tokens_per_s": rate, "train/epoch": self.epoch}
         stop = None
-        if self.validation is not None and (
-            self.step % cfg.validate_every == 0 or self.step == self.total_steps
-        ):
+        if self.validation is not None and (self.step % cfg.validate_every == 0 or final):
             validation = self.validate()
             metrics |= validation
-            bar.set_postfix(loss=f"{self.last_loss:.4f}", val=f"{validation['val/loss']:.4f}")
             best = self.best_validation
             if best is None or validation["val/loss"] < best[0] - cfg.min_delta:
                 self.best_validation = (validation["val/loss"], self.step)
@@ -543,14 +720,19 @@ class Trainer:
                 self._save(name="best_validation.pt")
             else:
                 self.validations_since_best += 1
-                if self.stopping_rule and self.validations_since_best >= cfg.patience:
+                stalled = self.stopping_rule and self.validations_since_best >= cfg.patience
+                if stalled and self.cooldown is None:
                     stop = (
                         f"the validation loss has not improved by {cfg.min_delta} for "
                         f"{cfg.patience} validations ({cfg.patience * cfg.validate_every} steps)"
                     )
-        if cfg.eval_every is not None and (
-            self.step % cfg.eval_every == 0 or self.step == self.total_steps or stop
-        ):
+                    if cfg.schedule == "wsd":  # not yet: the cooldown ends the run
+                        self._start_cooldown(stop)
+                        stop = None
+            bar.set_postfix(
+                self._progress(loss=f"{self.last_loss:.4f}", val=f"{validation['val/loss']:.4f}")
+            )
+        if cfg.eval_every is not None and (self.step % cfg.eval_every == 0 or final or stop):
             score, scores = self._evaluate_planner()
             metrics |= scores
             if self.best_score is None or score > self.best_score[0]:
@@ -558,36 +740,72 @@ class Trainer:
                 self._save(name="best.pt")
         if metrics and self.log is not None:
             self.log(metrics, self.step)
-        if stop is None and self.step % cfg.checkpoint_every == 0 and self.step < self.total_steps:
+        if stop is None and self.step % cfg.checkpoint_every == 0 and not final:
             self._save()
         return stop
 
+    def _progress(self, **fields: str) -> dict[str, str]:
+        """The progress bar's fields: the loss, and what decides the run's length. Under the
+        stopping rule that is the validations since the best against `patience`, not the cap's
+        distant end; under a time budget the time left."""
+        if self.cooldown is not None:
+            fields["cooldown"] = f"{self.cooldown.start}-{self.cooldown.end}"
+        elif self.stopping_rule and self.best_validation is not None:
+            loss, step = self.best_validation
+            fields["best"] = f"{loss:.4f}@{step}"
+            fields["since_best"] = f"{self.validations_since_best}/{self.cfg.patience}"
+            fields["cap"] = str(self.total_steps)
+        if self.clock.budget is not None:
+            fields["left"] = format_duration(self.clock.left)
+        return fields
+
+    def _bar_total(self) -> int | None:
+        """The progress bar's length: the planned last step, or none (no time estimate) while
+        the stopping rule decides and no budget or cooldown gives an end."""
+        if self.stopping_rule and self.cooldown is None and self.clock.budget is None:
+            return None
+        return self.last_step()
+
     def train(self) -> TrainSummary:
         self.model.train()
+        if self.cfg.schedule == "schedule_free":
+            self.optimizer.train()  # a checkpoint holds the averaged weights: back to steps'
         start_time, start_tokens = time.perf_counter(), self.tokens_seen
+        self.clock.started(self.step)
         bar = tqdm(
-            total=self.total_steps,
+            total=self._bar_total(),
             initial=self.step,
             desc="train",
             disable=not self.progress,
             dynamic_ncols=True,
         )
         loss = None
-        if self.stopping_rule and self.step < self.total_steps:
-            stop_reason = f"the budget of {self.total_steps} steps was reached"
-        else:
-            stop_reason = f"all {self.total_steps} planned steps were taken"
+        stop_reason = None
         previous_handler = self._catch_interrupt()
         try:
-            while self.step < self.total_steps:
+            while self.step < self.last_step():
                 if self.dist.any(self._interrupted):
                     raise KeyboardInterrupt
+                asked = self.cfg.cooldown_on_interrupt and self.cooldown is None
+                if asked and self.dist.any(self._cooldown_requested):
+                    self._start_cooldown("a Ctrl-C asked for a cooldown")
+                    continue
                 first = self.step_in_epoch * self.cfg.batch_size
                 loss = self.train_step(self._epoch_order()[first : first + self.cfg.batch_size])
                 bar.update(1)
-                stop = self._after_step(loss, start_time, start_tokens, bar)
-                if stop is not None:
-                    stop_reason = stop
+                seconds = time.perf_counter() - start_time
+                if self.clock.budget is not None:  # the ranks plan by one clock, rank 0's
+                    seconds = self.dist.from_main(seconds)
+                self.clock.tick(seconds)
+                self._replan()
+                final = self.step >= self.last_step() or self.clock.out_of_time
+                if bar.total != self._bar_total():
+                    bar.total = self._bar_total()
+                    bar.refresh()
+                stop_reason = self._after_step(loss, start_time, start_tokens, bar, final)
+                if stop_reason is not None:
+                    break
+                if self.clock.out_of_time:
                     break
         except KeyboardInterrupt:
             if loss is not None:
@@ -600,6 +818,8 @@ class Trainer:
                 signal.signal(signal.SIGINT, previous_handler)
         if loss is not None:
             self.last_loss = float(self.dist.sum_(loss.clone()))
+        if self.cfg.schedule == "schedule_free":
+            self.optimizer.eval()  # the model leaves training with its averaged weights
         path = self._save(finished=True)
         seconds = time.perf_counter() - start_time
         return TrainSummary(
@@ -610,7 +830,27 @@ class Trainer:
             seconds=seconds,
             tokens_per_second=(self.tokens_seen - start_tokens) / max(seconds, 1e-9),
             checkpoint=path,
-            stop_reason=stop_reason,
+            stop_reason=self._stop_reason(stop_reason),
             best_validation=self.best_validation,
             best_score=self.best_score,
         )
+
+    def _stop_reason(self, reason: str | None) -> str:
+        """Why the run ended, for the closing summary: the schedule and the budget included."""
+        if reason is None and self.cooldown is not None:
+            reason = (
+                f"{self._cooldown_reason}, so the learning rate cooled down from step "
+                f"{self.cooldown.start} to {self.cooldown.end}"
+            )
+        elif reason is None and self.clock.budget is not None and self.step < self.total_steps:
+            reason = f"the time budget of {self.cfg.time_budget} was used"
+        elif reason is None and self.stopping_rule:
+            reason = f"the budget of {self.total_steps} steps was reached"
+        elif reason is None:
+            reason = f"all {self.total_steps} planned steps were taken"
+        if self.clock.budget is not None:
+            reason += (
+                f" (time budget {self.cfg.time_budget}: {format_duration(self.clock.elapsed)} "
+                f"used, {self.step} steps)"
+            )
+        return reason

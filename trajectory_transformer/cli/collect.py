@@ -3,17 +3,15 @@ folder."""
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from trajectory_transformer.cli.common import CONFIG_DIR, friendly_errors
+from trajectory_transformer.cli.common import command
 from trajectory_transformer.data import embedded
 from trajectory_transformer.data.minari_source import DatasetError, episodes_from_minari
 from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="collect", version_base="1.3")
-@friendly_errors
+@command("collect")
 def main(cfg: DictConfig) -> None:
     unknown = [d for d in cfg.datasets if not embedded.is_embedded(d)]
     if unknown:

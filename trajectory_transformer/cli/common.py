@@ -1,16 +1,23 @@
-"""What every Hydra entry point shares: config location, device choice, friendly errors."""
+"""What every Hydra entry point shares: config location, device choice, and settings checked
+before any work, a failure being one line on stderr and exit code 2."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import hydra
 import torch
 from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.cli.schemas import (
@@ -28,6 +35,8 @@ from trajectory_transformer.data import pendulum
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.data.reference_scores import ReferenceScoreError
 from trajectory_transformer.evaluation.envs import EnvMismatchError
+from trajectory_transformer.model.gpt import GPTConfig
+from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.training.trainer import TrainerConfig
 
 # The YAML files of configs/ ship inside the package (see pyproject.toml), found by import name
@@ -71,13 +80,139 @@ def reject_unknown_keys(cfg: Any, prefix: str = "") -> None:
     known = {f.name for f in dataclasses.fields(schema)}
     for key in cfg:
         if key not in known:
-            raise ConfigError(
-                f"unknown config key {prefix}{key}; {prefix.rstrip('.') or 'the top level'} "
-                f"takes {', '.join(sorted(known))}."
-            )
+            siblings = [f"{prefix}{name}" for name in known]
+            raise ConfigError(unknown_key_message(f"{prefix}{key}", siblings))
         value = cfg._get_node(key)
         if isinstance(value, DictConfig):
             reject_unknown_keys(value, f"{prefix}{key}.")
+
+
+def unknown_key_message(key: str, known: Sequence[str]) -> str:
+    """One line for a key no schema has: the closest valid key, or the keys of its group."""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown config key {key}; did you mean {close[0]}?"
+    group = key.rpartition(".")[0]
+    siblings = sorted(k for k in known if k.rpartition(".")[0] == group)
+    return f"unknown config key {key}; {group or 'the top level'} takes {', '.join(siblings)}"
+
+
+def all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
+    """Every key of a config, dotted, groups included."""
+    keys = []
+    for key in cfg:
+        keys.append(f"{prefix}{key}")
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig):
+            keys += all_keys(node, f"{prefix}{key}.")
+    return keys
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """Every setting of a command's config, checked before any work: unknown keys, each field's
+    range or choices (checked by the dataclass that owns it), and settings that must fit
+    together. A failure is a ConfigError naming the key, its value and what is allowed."""
+    reject_unknown_keys(cfg)
+    try:
+        OmegaConf.to_object(cfg)  # every schema's own checks
+        if "planner" in cfg:
+            planner = PlannerConfig(**to_container(cfg.planner))
+        if "model" in cfg:
+            # The data fields come with the dataset; the architecture is checked now.
+            data = {"observation_dim": 1, "action_dim": 1, "n_bins": cfg.dataset.n_bins}
+            model = GPTConfig(**data, **to_container(cfg.model))
+            if cfg.trainer.eval_every is not None:  # the evaluations' planner must fit
+                check_planner_fits(planner, model)
+    except OmegaConfBaseException as error:
+        raise ConfigError(first_line(error)) from None
+    except ValueError as error:
+        raise ConfigError(str(error).replace("GPTConfig.", "model.")) from None
+
+
+def check_planner_fits(planner: PlannerConfig, model: GPTConfig) -> None:
+    """Context and horizon fit the model's window of transitions."""
+    needed = planner.context_transitions + planner.horizon
+    if needed > model.sequence_transitions:
+        raise ValueError(
+            f"planner.context_transitions + planner.horizon = {needed} transitions exceed "
+            f"model.sequence_transitions = {model.sequence_transitions}, the model's window; "
+            "lower the first two or raise the third"
+        )
+
+
+def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
+    """A command's config with `overrides`, composed as Hydra would, inside a Hydra run or
+    outside one."""
+    if GlobalHydra.instance().is_initialized():
+        return hydra.compose(config_name, overrides=list(overrides))
+    with hydra.initialize_config_module("trajectory_transformer.configs", version_base="1.3"):
+        return hydra.compose(config_name, overrides=list(overrides))
+
+
+def first_line(error: BaseException) -> str:
+    """An OmegaConf or Hydra error in one line: its message and the key it is about."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    key = getattr(error, "full_key", None)
+    return f"{key}: {text}" if key and key not in text else text
+
+
+def override_error(error: Exception, config_name: str) -> str:
+    """One line for a command line that Hydra cannot compose: the key or the group option
+    that is wrong, and the closest valid one."""
+    cause = error.__cause__ or error
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
+        return unknown_key_message(key, all_keys(compose(config_name)))
+    if isinstance(error, MissingConfigException):
+        text = str(error)
+        missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
+        available = re.search(r"Available options in '[^']+':\n((?:\t.*\n?)*)", text)
+        if missing and available:
+            group, option = missing.groups()
+            options = [o.strip() for o in available.group(1).split("\n") if o.strip()]
+            options = [o for o in options if not o.endswith("_schema")]
+            close = difflib.get_close_matches(option, options, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            return f"no {group} config named {option}{hint} ({group} takes {', '.join(options)})"
+    return first_line(cause)
+
+
+def check_command_line(config_name: str, arguments: Sequence[str]) -> None:
+    """Compose the command line's overrides once before Hydra runs, so that a typo, a wrong
+    type or a bad value is one line and exit 2 instead of Hydra's message or a traceback.
+    Hydra's own flags (--help, --cfg, --multirun, ...) and `hydra.*` overrides are left to
+    it."""
+    if any(argument.startswith("-") for argument in arguments):
+        return
+    overrides = [a for a in arguments if not a.startswith(("hydra.", "hydra/", "+hydra"))]
+    try:
+        try:
+            cfg = compose(config_name, overrides)
+        except (HydraException, OmegaConfBaseException, ValueError) as error:
+            raise ConfigError(override_error(error, config_name)) from None
+        check_settings(cfg)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def command(config_name: str) -> Callable[[Callable[[DictConfig], None]], Callable[[], None]]:
+    """A command line entry point over `task(cfg)`: the settings checked first (one line and
+    exit 2 when one is wrong), then Hydra's main with the project's errors as one line too."""
+
+    def decorate(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+        hydra_main = hydra.main(
+            config_path=CONFIG_DIR, config_name=config_name, version_base="1.3"
+        )(friendly_errors(task))
+
+        @functools.wraps(task)
+        def main() -> None:
+            check_command_line(config_name, sys.argv[1:])
+            hydra_main()
+
+        return main
+
+    return decorate
 
 
 def to_container(cfg: Any) -> dict:
@@ -102,7 +237,7 @@ def friendly_errors(task: Callable) -> Callable:
     @functools.wraps(task)
     def wrapper(*args, **kwargs):
         try:
-            reject_unknown_keys(args[0])
+            check_settings(args[0])
             return task(*args, **kwargs)
         except (
             DatasetError,

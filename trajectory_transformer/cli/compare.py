@@ -16,18 +16,17 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-import hydra
-from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trajectory_transformer.cli.common import (
-    CONFIG_DIR,
     ConfigError,
-    friendly_errors,
-    reject_unknown_keys,
+    check_settings,
+    command,
+    compose,
+    override_error,
 )
 from trajectory_transformer.comparison.protocol import (
     ComparisonError,
@@ -47,7 +46,7 @@ from trajectory_transformer.comparison.protocol import (
 )
 from trajectory_transformer.data import reference_scores
 from trajectory_transformer.data.minari_source import local_eval_env_id
-from trajectory_transformer.planning import PlannerConfig
+from trajectory_transformer.data.reference_scores import ReferenceScoreError
 
 
 def spec_of(cfg: DictConfig) -> ComparisonSpec:
@@ -63,23 +62,24 @@ def check_agents(spec: ComparisonSpec) -> None:
     be normalised by the same reference scores (see `reference_of`)."""
     references, warnings = {}, set()
     for agent in spec.agents:
-        for command, name, overrides in (
+        for program, name, overrides in (
             ("tt-train", "train", [*spec.training_overrides(agent), "seed=0"]),
             ("tt-eval", "eval", ["checkpoint=unused", *spec.eval, *agent.eval]),
         ):
             try:
-                cfg = compose(config_name=name, overrides=overrides)
-                reject_unknown_keys(cfg)
+                try:
+                    cfg = compose(name, overrides)
+                except (HydraException, OmegaConfBaseException, ValueError) as error:
+                    raise ConfigError(override_error(error, name)) from None
+                check_settings(cfg)
                 if name == "train":
                     dataset = cfg.dataset
                 else:
-                    PlannerConfig(**OmegaConf.to_container(cfg.planner, resolve=True))
                     references[agent.name], warning = reference_of(cfg.eval, dataset)
                     warnings.add(warning)
-            except (HydraException, OmegaConfBaseException, ValueError) as error:
-                reason = str(error).strip().splitlines()[0]
+            except (ConfigError, ReferenceScoreError) as error:
                 raise ConfigError(
-                    f"agent {agent.name}: {command} would reject {' '.join(overrides)}: {reason}"
+                    f"agent {agent.name}: {program} would reject {' '.join(overrides)}: {error}"
                 ) from None
     if len(set(references.values())) > 1:
         shown = ", ".join(f"{name}: {reference}" for name, reference in references.items())
@@ -267,8 +267,7 @@ def report(spec: ComparisonSpec, state: ComparisonState, root: Path) -> None:
     print(f"tables and figures: {root}/decisions.csv, agents.csv, comparison_*.png")
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="compare", version_base="1.3")
-@friendly_errors
+@command("compare")
 def main(cfg: DictConfig) -> None:
     if cfg.job.file is not None:
         run_job(cfg.job.file, cfg.job.index)

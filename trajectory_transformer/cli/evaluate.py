@@ -6,15 +6,13 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import CheckpointError, value_targets_of
 from trajectory_transformer.cli.common import (
-    CONFIG_DIR,
     ConfigError,
-    friendly_errors,
+    command,
     resolve_device,
 )
 from trajectory_transformer.cli.schemas import EvaluateConfig
@@ -114,8 +112,7 @@ def run(cfg: EvaluateConfig) -> dict:
     return result.summary()
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="eval", version_base="1.3")
-@friendly_errors
+@command("eval")
 def main(cfg: DictConfig) -> None:
     run(cfg)
 

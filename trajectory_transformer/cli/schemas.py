@@ -12,16 +12,35 @@ library imports none.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
 from trajectory_transformer.comparison.protocol import AgentSpec, ComparisonSpec
+from trajectory_transformer.data.discretizer import BIN_VALUES, MAX_BINS, STRATEGIES
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.training.trainer import TrainerConfig
+
+
+def require(
+    group: str, config: object, name: str, ok: Callable[[typing.Any], bool], allowed: str
+) -> None:
+    """Raise a ValueError naming the key (`group.name`, or `name` at the top level), its value
+    and what is allowed, unless ok."""
+    value = getattr(config, name)
+    if not ok(value):
+        key = f"{group}.{name}" if group else name
+        raise ValueError(f"{key} must be {allowed}, got {value!r}")
+
+
+def finite(x: object) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
 
 
 @dataclass
@@ -51,6 +70,20 @@ class DatasetConfig:
     validation_seed: int = 0
     """Seed of the held-out episodes' choice, the same whatever the training seed; recorded in
     the checkpoint."""
+
+    def __post_init__(self) -> None:
+        check = functools.partial(require, "dataset", self)
+        check("discount", lambda x: finite(x) and 0 <= x <= 1, "in [0, 1]")
+        check("terminal_penalty", finite, "a finite number")
+        check("discretizer", lambda x: x in STRATEGIES, f"one of {', '.join(STRATEGIES)}")
+        check("n_bins", lambda x: 2 <= x <= MAX_BINS, f"in [2, {MAX_BINS}]")
+        check("bin_values", lambda x: x in BIN_VALUES, f"one of {', '.join(BIN_VALUES)}")
+        check(
+            "validation_fraction",
+            lambda x: x is None or (finite(x) and 0 < x < 1),
+            "in (0, 1), or null for the default",
+        )
+        check("validation_seed", lambda x: x >= 0, "at least 0")
 
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is
@@ -92,6 +125,11 @@ class WandbConfig:
     name: str | None = None
     """Run name; None lets wandb choose."""
 
+    MODES: typing.ClassVar[tuple[str, ...]] = ("disabled", "offline", "online")
+
+    def __post_init__(self) -> None:
+        require("wandb", self, "mode", lambda x: x in self.MODES, "disabled, offline or online")
+
 
 @dataclass
 class TrainConfig:
@@ -110,6 +148,11 @@ class TrainConfig:
     """`auto` (cuda when available), `cpu`, `cuda`, `cuda:1`, ..."""
     resume: str | None = None
     """Checkpoint to continue from: optimiser, schedule, RNG and position are restored."""
+
+    def __post_init__(self) -> None:
+        require("", self, "seed", lambda x: x >= 0, "at least 0")
+        timeout = "distributed_timeout_s"
+        require("", self, timeout, lambda x: finite(x) and x > 0, "a finite number > 0")
 
 
 @dataclass
@@ -147,6 +190,21 @@ class EvalConfig:
     progress: bool = True
     """Show a progress bar over env steps."""
 
+    VIDEO_FORMATS: typing.ClassVar[tuple[str, ...]] = ("gif", "mp4")
+    REFERENCES: typing.ClassVar[tuple[str, ...]] = ("d4rl",)
+
+    def __post_init__(self) -> None:
+        check = functools.partial(require, "eval", self)
+        for name in ("episodes", "num_envs"):
+            check(name, lambda x: x >= 1, "at least 1")
+        check("seed", lambda x: x >= 0, "at least 0")
+        check("max_episode_steps", lambda x: x is None or x >= 1, "at least 1, or null")
+        for name in ("ref_min_score", "ref_max_score"):
+            check(name, lambda x: x is None or finite(x), "a finite number, or null")
+        check("reference", lambda x: x is None or x in self.REFERENCES, "d4rl, or null")
+        check("video_format", lambda x: x in self.VIDEO_FORMATS, "gif or mp4")
+        check("plot_steps", lambda x: all(step >= 0 for step in x), "steps >= 0")
+
 
 @dataclass
 class EvaluateConfig:
@@ -177,6 +235,11 @@ class CollectConfig:
     """Base seed of reset seeds, action noise and the reference scores."""
     overwrite: bool = False
     """Rebuild a dataset that already exists locally."""
+
+    def __post_init__(self) -> None:
+        require("", self, "datasets", lambda x: len(x) > 0, "a list of one dataset id or more")
+        require("", self, "episodes", lambda x: x is None or x >= 1, "at least 1, or null")
+        require("", self, "seed", lambda x: x >= 0, "at least 0")
 
 
 AgentConfig = _schema("AgentConfig", AgentSpec, {"train": list[str], "eval": list[str]}, ("name",))

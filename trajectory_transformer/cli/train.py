@@ -14,7 +14,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
@@ -28,8 +27,7 @@ from trajectory_transformer.checkpoint import (
     save_atomic,
 )
 from trajectory_transformer.cli.common import (
-    CONFIG_DIR,
-    friendly_errors,
+    command,
     resolve_device,
     to_container,
 )
@@ -301,18 +299,17 @@ def train_in_subprocess(
     if reuse and checkpoint.exists():
         print(f"using the checkpoint trained before: {checkpoint}")
         return checkpoint
-    command = [sys.executable, "-m", "trajectory_transformer.cli.train", *overrides]
-    command.append(f"hydra.run.dir={run_dir}")
-    print("running", " ".join(command[2:]))
-    done = subprocess.run(command, capture_output=True, text=True)
+    argv = [sys.executable, "-m", "trajectory_transformer.cli.train", *overrides]
+    argv.append(f"hydra.run.dir={run_dir}")
+    print("running", " ".join(argv[2:]))
+    done = subprocess.run(argv, capture_output=True, text=True)
     print(done.stdout, end="")  # the run's summary; the progress bar went to its stderr
     if done.returncode != 0:
         raise RuntimeError(f"tt-train failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return checkpoint
 
 
-@hydra.main(config_path=CONFIG_DIR, config_name="train", version_base="1.3")
-@friendly_errors
+@command("train")
 def main(cfg: DictConfig) -> None:
     train(cfg)
 

@@ -37,6 +37,9 @@ import torch
 
 STRATEGIES = ("uniform", "quantile")
 BIN_VALUES = ("mean", "midpoint")
+MAX_BINS = 65_536
+"""Bins per dimension at most: a token fits 16 bits, and the model's embedding and heads stay
+within reach (each is transition dims x bins x width)."""
 FAR_GAP = 5.0
 """A gap between consecutive values wider than this many interquartile ranges of the data on
 either side (the wider) separates two modes, and no bin spans it. An exponential tail of 100k
@@ -104,8 +107,8 @@ class Discretizer:
             raise ValueError(f"unknown discretizer {strategy!r}; choose one of {STRATEGIES}")
         if bin_values not in BIN_VALUES:
             raise ValueError(f"unknown bin_values {bin_values!r}; choose one of {BIN_VALUES}")
-        if n_bins < 2:
-            raise ValueError(f"n_bins must be at least 2, got {n_bins}")
+        if not 2 <= n_bins <= MAX_BINS:
+            raise ValueError(f"n_bins must be in [2, {MAX_BINS}], got {n_bins}")
         # Encoding runs in float32, so the bins are fitted to the float32 values.
         data = np.asarray(data, dtype=np.float32)
         if strategy == "uniform":

@@ -122,14 +122,38 @@ class TrainerConfig:
     """Steps between progress-bar and wandb updates."""
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
+        def require(name: str, ok: Callable[[object], bool], allowed: str) -> None:
+            value = getattr(self, name)
+            if not ok(value):
+                raise ValueError(f"trainer.{name} must be {allowed}, got {value!r}")
+
+        finite = lambda x: isinstance(x, int | float) and math.isfinite(x)  # noqa: E731
+        counts = ("batch_size", "patience", "validate_every", "eval_episodes")
+        for name in (*counts, "checkpoint_every", "log_every"):
+            require(name, lambda x: x >= 1, "at least 1")
+        for name in ("max_steps", "epochs", "eval_every", "validation_windows"):
+            require(name, lambda x: x is None or x >= 1, "at least 1, or null")
+        require("learning_rate", lambda x: finite(x) and x >= 0, "a finite number >= 0")
+        require("weight_decay", lambda x: finite(x) and x >= 0, "a finite number >= 0")
+        require("grad_clip", lambda x: finite(x) and x > 0, "a finite number > 0")
+        in_unit = lambda x: finite(x) and 0 <= x < 1  # noqa: E731
+        require("betas", lambda x: len(x) == 2 and all(map(in_unit, x)), "two numbers in [0, 1)")
+        require("warmup_fraction", in_unit, "in [0, 1)")
+        require("min_lr_fraction", lambda x: finite(x) and 0 <= x <= 1, "in [0, 1]")
+        require("cooldown_fraction", lambda x: finite(x) and 0 < x <= 1, "in (0, 1]")
+        for name in ("reference_epochs", "schedule_epochs"):
+            require(name, lambda x: finite(x) and x > 0, "a finite number > 0")
+        require("min_delta", lambda x: finite(x) and x >= 0, "a finite number >= 0")
+        weights = ("observation_weight", "action_weight", "reward_weight", "value_weight")
+        for name in weights:
+            require(name, lambda x: finite(x) and x >= 0, "a finite number >= 0")
+        if not any(getattr(self, name) > 0 for name in weights):
             raise ValueError(
-                f"trainer.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+                "the loss weights (trainer.observation_weight, action_weight, reward_weight, "
+                "value_weight) are all 0: nothing would be learnt; give one a positive weight"
             )
-        if not 0.0 < self.cooldown_fraction <= 1.0:
-            raise ValueError(
-                f"trainer.cooldown_fraction must be in (0, 1], got {self.cooldown_fraction}"
-            )
+        require("schedule", lambda x: x in SCHEDULES, f"one of {', '.join(SCHEDULES)}")
+        require("precision", lambda x: x in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
         if self.cooldown_on_interrupt and self.schedule != "wsd":
             raise ValueError(
                 "trainer.cooldown_on_interrupt needs trainer.schedule=wsd, the schedule with a "
@@ -137,17 +161,6 @@ class TrainerConfig:
             )
         if self.time_budget is not None:
             parse_duration(self.time_budget)
-        if self.precision not in PRECISIONS:
-            raise ValueError(
-                f"trainer.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
-            )
-        for name in ("patience", "validate_every", "eval_episodes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"trainer.{name} must be at least 1, got {getattr(self, name)}")
-        if self.eval_every is not None and self.eval_every < 1:
-            raise ValueError(
-                f"trainer.eval_every must be at least 1 or null, got {self.eval_every}"
-            )
 
 
 @dataclass

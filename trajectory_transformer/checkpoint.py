@@ -8,6 +8,7 @@ are stored, so `torch.load(path, weights_only=True)` reads it.
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import warnings
 from dataclasses import asdict, dataclass
@@ -93,11 +94,17 @@ def read_payload(path: str | os.PathLike) -> dict:
         )
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # which error a damaged or foreign file raises varies by release
-        reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    except pickle.UnpicklingError:
+        # torch's own message advises loading with weights_only=False: never for a file that
+        # is not known, since that runs code from it.
         raise CheckpointError(
-            f"{path} is not a trajectory-transformer checkpoint "
-            f"(torch.load failed: {type(error).__name__}{': ' + reason if reason else ''})."
+            f"{path} is not a trajectory-transformer checkpoint (it holds Python objects that "
+            "a checkpoint never holds, so it was not loaded)."
+        ) from None
+    except Exception as error:  # which error a damaged or foreign file raises varies by release
+        raise CheckpointError(
+            f"{path} is not a trajectory-transformer checkpoint, or is damaged (torch cannot "
+            f"read it: {type(error).__name__}); use another checkpoint, or train again."
         ) from None
     if not isinstance(payload, dict) or "format_version" not in payload:
         found = (

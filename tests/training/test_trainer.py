@@ -209,3 +209,43 @@ def test_a_ctrl_c_during_the_save_keeps_the_last_good_checkpoint(tmp_path, monke
     )
     assert trainer.step == 40
     assert_same_weights(reference, resumed)
+
+
+def test_a_non_finite_loss_stops_training_before_it_reaches_the_weights(tmp_path, monkeypatch):
+    from trajectory_transformer.training import trainer as trainer_module
+
+    weighted = trainer_module.weighted_loss
+    calls = []
+
+    def poisoned(*args, **kwargs):  # step 15's loss is infinite
+        calls.append(None)
+        loss = weighted(*args, **kwargs)
+        return loss * float("inf") if len(calls) == 15 else loss
+
+    monkeypatch.setattr(trainer_module, "weighted_loss", poisoned)
+    with pytest.raises(trainer_module.NonFiniteLossError, match=r"not finite .* at step 15"):
+        run_to_end(tmp_path, checkpoint_every=10)
+    model, state = checkpoint_model(tmp_path / "checkpoint.pt")
+    assert state["step"] == 10  # the last good checkpoint, not overwritten
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    monkeypatch.setattr(trainer_module, "weighted_loss", weighted)
+    reference, _ = run_to_end(tmp_path / "reference")
+    resumed, _ = run_to_end(tmp_path / "resumed", resume_from=tmp_path / "checkpoint.pt")
+    assert_same_weights(reference, resumed)
+
+
+def test_a_checkpoint_with_cuda_generator_states_resumes_on_a_machine_without_cuda(tmp_path):
+    """A checkpoint of a CUDA run holds its device's generator state (an older one, every
+    device's); on the CPU only the CPU generator is restored."""
+    model, windows, _, cfg = tiny_training()
+    trainer = Trainer(model, windows, cfg, lambda s: tmp_path, progress=False)
+    device_state = torch.zeros(16, dtype=torch.uint8)
+    for cuda_state in (device_state, [device_state] * 4):
+        state = trainer.state() | {"cuda_rng_state": cuda_state}
+        torch.manual_seed(123)
+        expected = torch.rand(3)
+        torch.manual_seed(123)
+        state["torch_rng_state"] = torch.get_rng_state()
+        torch.manual_seed(0)
+        trainer.load_state(state)
+        assert torch.equal(torch.rand(3), expected)

@@ -45,6 +45,11 @@ EvaluateFn = Callable[[TrajectoryGPT], tuple[float, dict]]
 """Plays the planner with the model; returns (score to select `best.pt` by, metrics to log)."""
 
 TOKEN_KINDS = ("observation", "action", "reward", "value")
+
+
+class NonFiniteLossError(RuntimeError):
+    """A step's loss or gradients were NaN or infinite: training stopped before applying it."""
+
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
@@ -474,10 +479,21 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------
     def _rng_state(self) -> dict:
+        """The generators this rank draws from: the CPU's, and its own CUDA device's only, so
+        that a checkpoint resumes on a machine with fewer devices, or none."""
         state = {"torch_rng_state": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            state["cuda_rng_state"] = torch.cuda.get_rng_state_all()
+        if self.device.type == "cuda":
+            state["cuda_rng_state"] = torch.cuda.get_rng_state(self.device)
         return state
+
+    def _set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch_rng_state"])
+        cuda = state.get("cuda_rng_state")
+        if isinstance(cuda, list | tuple):  # written with every device's state
+            index = (self.device.index or 0) if self.device.type == "cuda" else None
+            cuda = cuda[index] if index is not None and index < len(cuda) else None
+        if cuda is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(cuda, self.device)
 
     def state(self, finished: bool = False) -> dict:
         """Everything needed to resume, as of the last completed step. Under torchrun every
@@ -551,10 +567,7 @@ class Trainer:
                 file=sys.stderr,
             )
         if self.dist.rank < len(ranks):
-            rng = ranks[self.dist.rank]
-            torch.set_rng_state(rng["torch_rng_state"])
-            if "cuda_rng_state" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda_rng_state"])
+            self._set_rng_state(ranks[self.dist.rank])
 
     # -- loop ----------------------------------------------------------------------------
     def _epoch_order(self) -> torch.Tensor:
@@ -590,7 +603,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages the ranks' gradients; each share is already over the global count.
         (loss * self.dist.world_size if self.dist.active else loss).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        # The norm is of the gradients summed over the ranks, so every rank stops together. A
+        # host sync per step, which the CPU does not notice; it keeps NaNs out of the weights.
+        if not torch.isfinite(norm):
+            raise NonFiniteLossError(self._non_finite_message(loss))
         # Until here nothing of the run's state has changed; from here it changes as a whole.
         with self._applied_whole():
             lr = self.learning_rate()
@@ -607,6 +624,16 @@ class Trainer:
                 self.step_in_epoch = 0
             self._rng_at_step_start = None
         return loss.detach()
+
+    def _non_finite_message(self, loss: torch.Tensor) -> str:
+        what = "loss is" if not torch.isfinite(loss) else "gradients are"
+        return (
+            f"the {what} not finite (NaN or inf) at step {self.step + 1}, so training stopped "
+            "before applying it and the last checkpoint written is untouched. Likely causes: "
+            "a learning rate too high for this model "
+            f"(trainer.learning_rate={self.cfg.learning_rate}), bf16 overflow "
+            f"(trainer.precision={self.cfg.precision}), or NaN or inf values in the dataset"
+        )
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
@@ -656,9 +683,7 @@ class Trainer:
                 with self._evaluation_weights():
                     result = self.evaluate(self.model.eval())
             finally:
-                torch.set_rng_state(rng["torch_rng_state"])
-                if "cuda_rng_state" in rng:
-                    torch.cuda.set_rng_state_all(rng["cuda_rng_state"])
+                self._set_rng_state(rng)
                 self.model.train()
         self.dist.wait_for_main()
         return self.dist.from_main(result)

@@ -14,6 +14,7 @@ from trajectory_transformer.checkpoint import save_atomic
 from trajectory_transformer.cli import compare as compare_cli
 from trajectory_transformer.cli.common import ConfigError
 from trajectory_transformer.comparison.protocol import (
+    AGENT_SEED_STRIDE,
     AgentSpec,
     ComparisonError,
     ComparisonSpec,
@@ -78,9 +79,22 @@ def test_agents_that_differ_only_in_evaluation_share_their_trainings(tmp_path):
     assert [job.args[-1] for job in interim.trainings[:5]] == [f"seed={s}" for s in range(5, 10)]
 
 
+def test_independent_agents_train_and_play_seeds_of_their_own(tmp_path):
+    independent = spec(pairing="independent")
+    interim = plan_interim(independent, 1, ["good", "twin_a", "twin_b"], tmp_path)
+    assert len(interim.trainings) == 3 * 5 and interim.shared == 0
+    good, twin = interim.evaluations["good"][5], interim.evaluations["twin_a"][5]
+    assert good.args[0] != twin.args[0]  # checkpoints of their own
+    stride = AGENT_SEED_STRIDE
+    seeds = sorted(int(job.args[-1].removeprefix("seed=")) for job in interim.trainings)
+    assert seeds == [k * stride + seed for k in range(3) for seed in range(5, 10)]
+    assert "eval.seed=0" in good.args and f"eval.seed={stride}" in twin.args
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
+        (dict(pairing="paired"), "compare.pairing must be one of shared, independent"),
         (dict(agents=(AgentSpec("alone"),)), "at least two agents"),
         (dict(n=0), "compare.n must be at least 1"),
         (dict(K=0), "compare.K must be at least 1"),

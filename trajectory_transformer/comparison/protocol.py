@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,8 @@ from trajectory_transformer.comparison.statistics import (
 
 STATE_FILE = "compare.json"
 EQUAL_MEANS = "not told apart within this budget"
+AGENT_SEED_STRIDE = 1_000_000
+"""Under `independent` pairing, agent i trains on seeds from `i * AGENT_SEED_STRIDE` on."""
 
 
 class ComparisonError(ValueError):
@@ -81,6 +84,17 @@ class ComparisonSpec:
     """tt-train overrides shared by every agent (the training budget, say)."""
     eval: tuple[str, ...] = ()
     """tt-eval overrides shared by every agent."""
+    pairing: str = "shared"
+    """`shared`: agents whose training overrides are the same share their trained checkpoints
+    (seed k is one model for all of them), and every agent plays the same episode seeds. Their
+    scores on a seed are then paired samples, while AdaStop assumes independent ones: its
+    decisions keep their error bound (the test is conservative), but it may need more seeds
+    to decide. `independent`: every agent trains its own models on seeds of its own (agent i's
+    seed k is `k + i * AGENT_SEED_STRIDE`) and plays episodes of its own (seeded from
+    `i * AGENT_SEED_STRIDE`), so that its samples are independent of the others', at the cost
+    of a training per agent and seed."""
+
+    PAIRINGS: typing.ClassVar[tuple[str, ...]] = ("shared", "independent")
 
     def validate(self) -> None:
         """Raise `ComparisonError` for a comparison that cannot run, before any job."""
@@ -98,6 +112,10 @@ class ComparisonSpec:
             raise ComparisonError(f"compare.alpha must be in (0, 1), got {self.alpha}")
         if self.B < 1:
             raise ComparisonError(f"compare.B must be at least 1, got {self.B}")
+        if self.pairing not in self.PAIRINGS:
+            raise ComparisonError(
+                f"compare.pairing must be one of {', '.join(self.PAIRINGS)}, got {self.pairing!r}"
+            )
         if self.compare_to is not None and self.compare_to not in names:
             raise ComparisonError(
                 f"compare.compare_to={self.compare_to!r} names no agent; agents: {', '.join(names)}"
@@ -119,9 +137,18 @@ class ComparisonSpec:
         return [f"dataset={self.dataset}", *self.train, *agent.train]
 
     def training_key(self, agent: AgentSpec) -> str:
-        """Agents whose training overrides are the same share this key, and the checkpoints."""
-        text = json.dumps(self.training_overrides(agent))
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        """Agents whose training overrides are the same share this key, and the checkpoints,
+        unless each trains its own (`independent` pairing)."""
+        key = self.training_overrides(agent)
+        if self.pairing == "independent":
+            key = [f"agent={agent.name}", *key]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+
+    def seed_of(self, agent: AgentSpec, seed: int) -> int:
+        """The training (and episode) seed that agent plays as its `seed`-th."""
+        if self.pairing == "shared":
+            return seed
+        return seed + self.names.index(agent.name) * AGENT_SEED_STRIDE
 
     def seeds(self, interim: int) -> range:
         """The training seeds of interim `interim` (from 0)."""
@@ -219,11 +246,13 @@ def plan_interim(spec: ComparisonSpec, index: int, playing: list[str], root: Pat
         evaluations[agent.name] = {}
         for seed in spec.seeds(index):
             wanted += 1
-            train_dir = root / "trainings" / key / f"seed{seed}"
+            own_seed = spec.seed_of(agent, seed)
+            train_dir = root / "trainings" / key / f"seed{own_seed}"
             trainings.setdefault(
                 (key, seed),
-                Job("train", [*spec.training_overrides(agent), f"seed={seed}"], str(train_dir)),
+                Job("train", [*spec.training_overrides(agent), f"seed={own_seed}"], str(train_dir)),
             )
+            episodes = [] if spec.pairing == "shared" else [f"eval.seed={own_seed - seed}"]
             evaluations[agent.name][seed] = Job(
                 "eval",
                 [
@@ -231,6 +260,7 @@ def plan_interim(spec: ComparisonSpec, index: int, playing: list[str], root: Pat
                     f"eval.episodes={spec.episodes}",
                     "eval.progress=false",
                     *spec.eval,
+                    *episodes,
                     *agent.eval,
                 ],
                 str(root / "evaluations" / agent.name / f"seed{seed}"),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from trajectory_transformer.checkpoint import read_payload
 from trajectory_transformer.data.minari_source import load_episodes
-from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
+from trajectory_transformer.scores import mean_and_stderr, normalized_score
 
 DATASET_IDS = {
     "pendulum-medium": "pendulum/medium-v0",

@@ -2,7 +2,7 @@
 snapshots that ship with the package.
 
 Soft actor-critic (Haarnoja et al., 2018): twin Q critics with Polyak-averaged targets, a
-tanh-squashed Gaussian actor (`trajectory_transformer.data.behaviour.GaussianActor`, the only
+tanh-squashed Gaussian actor (`trajectory_transformer.suites.actors.GaussianActor`, the only
 network that ships) and an automatically tuned entropy temperature. Every `--eval-every`
 steps the deterministic actor plays `--eval-episodes` episodes and is saved as a snapshot with
 its mean return; `--select` then copies the best snapshot (expert), the one closest to a third
@@ -12,7 +12,7 @@ into the package, with a README of the recipe and the returns.
     python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper            # train
     python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper --resume   # go on
     python scripts/train_behaviour_policy.py --run-dir outputs/sac-hopper --select \\
-        trajectory_transformer/data/policies/hopper
+        trajectory_transformer/suites/policies/hopper
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trajectory_transformer.data.behaviour import GaussianActor
+from trajectory_transformer.suites.actors import GaussianActor
 
 
 class TwinQ(nn.Module):
@@ -331,7 +331,7 @@ def select(args: argparse.Namespace) -> None:
 
 README = """# Behaviour policies for {env}
 
-Actors (`trajectory_transformer.data.behaviour.GaussianActor`, 2 hidden layers of {hidden})
+Actors (`trajectory_transformer.suites.actors.GaussianActor`, 2 hidden layers of {hidden})
 trained by `scripts/train_behaviour_policy.py`: SAC with twin critics, on the CPU, one thread.
 Each file is a plain state dict with the actor's shape and its evaluation, loaded with
 `torch.load(..., weights_only=True)`; running it needs torch only.

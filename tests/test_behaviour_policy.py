@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from trajectory_transformer.data.behaviour import GaussianActor
+from trajectory_transformer.suites.actors import GaussianActor
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "train_behaviour_policy.py"
 

@@ -83,7 +83,7 @@ def test_installed_wheel_runs_the_clis_outside_the_checkout(wheel, tmp_path, min
     assert installed_package.is_relative_to(venv), where.stdout + where.stderr
     # The Hopper suite's behaviour policies ship as package data.
     for name in ("expert.pt", "medium.pt", "README.md"):
-        assert (installed_package / "data" / "policies" / "hopper" / name).is_file(), name
+        assert (installed_package / "suites" / "policies" / "hopper" / name).is_file(), name
 
     for cli in ("tt-eval", "tt-collect"):  # tt-train runs below
         helped = run(venv / "bin" / cli, "--help", cwd=elsewhere, env=env)

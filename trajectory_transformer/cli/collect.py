@@ -5,22 +5,22 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from trajectory_transformer import suites
 from trajectory_transformer.cli.common import command
-from trajectory_transformer.data import embedded
 from trajectory_transformer.data.minari_source import DatasetError, episodes_from_minari
-from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
+from trajectory_transformer.scores import mean_and_stderr, normalized_score
 
 
 @command("collect")
 def main(cfg: DictConfig) -> None:
-    unknown = [d for d in cfg.datasets if not embedded.is_embedded(d)]
+    unknown = [d for d in cfg.datasets if not suites.is_embedded(d)]
     if unknown:
         raise DatasetError(
             f"not embedded datasets: {', '.join(unknown)}; tt-collect builds "
-            f"{', '.join(embedded.EMBEDDED_DATASETS)}."
+            f"{', '.join(suites.EMBEDDED_DATASETS)}."
         )
     for dataset_id in cfg.datasets:
-        dataset = embedded.build_embedded_dataset(
+        dataset = suites.build_embedded_dataset(
             dataset_id, overwrite=cfg.overwrite, episodes=cfg.episodes, seed=cfg.seed
         )
         returns = episodes_from_minari(dataset).episode_returns()

@@ -31,12 +31,12 @@ from trajectory_transformer.cli.schemas import (
     TrainConfig,
 )
 from trajectory_transformer.comparison.protocol import ComparisonError
-from trajectory_transformer.data import pendulum
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.data.reference_scores import ReferenceScoreError
 from trajectory_transformer.evaluation.envs import EnvMismatchError
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig
+from trajectory_transformer.suites import pendulum
 from trajectory_transformer.training.trainer import TrainerConfig
 
 # The YAML files of configs/ ship inside the package (see pyproject.toml), found by import name
@@ -65,7 +65,7 @@ def register_configs() -> None:
 def demo_budget(dataset_id: str, steps: int) -> int | None:
     """`${demo_budget:${dataset.id},1500}`: the demo's fixed step budget on the embedded
     Pendulum datasets, None (the stopping rule) on every other dataset."""
-    return int(steps) if pendulum.is_embedded(dataset_id) else None
+    return int(steps) if dataset_id in pendulum.DATASETS else None
 
 
 register_configs()

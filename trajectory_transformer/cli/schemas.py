@@ -47,7 +47,8 @@ def finite(x: object) -> bool:
 class DatasetConfig:
     id: str = "pendulum/medium-expert-v0"
     """Minari dataset id. Local under MINARI_DATASETS_PATH (else ~/.minari/datasets); the
-    embedded `pendulum/*` ids are built on demand when missing."""
+    embedded ids (`pendulum/*`, `reacher/*`, `hopper/*`: trajectory_transformer.suites) are
+    built on demand when missing."""
     download: bool = False
     """Download a remote Minari dataset that is not local (needs network access)."""
     env_id: str | None = None
@@ -229,7 +230,7 @@ class CollectConfig:
     )
     """Embedded dataset ids to build."""
     episodes: int | None = None
-    """Episodes per behaviour policy (medium-expert holds twice as many); None: each family's
+    """Episodes per behaviour policy (medium-expert holds twice as many); None: each suite's
     default (500 for Pendulum and Reacher; Hopper collects up to a transition budget)."""
     seed: int = 0
     """Base seed of reset seeds, action noise and the reference scores."""

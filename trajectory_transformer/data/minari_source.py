@@ -9,7 +9,7 @@ import gymnasium as gym
 import minari
 import numpy as np
 
-from trajectory_transformer.data import embedded
+from trajectory_transformer import suites
 from trajectory_transformer.data.episodes import Episodes
 
 
@@ -59,8 +59,8 @@ def load_minari(dataset_id: str, download: bool = False) -> minari.MinariDataset
     local = local_dataset_ids()
     if dataset_id in local:
         return minari.load_dataset(dataset_id)
-    if embedded.is_embedded(dataset_id):
-        return embedded.build_embedded_dataset(dataset_id)
+    if suites.is_embedded(dataset_id):
+        return suites.build_embedded_dataset(dataset_id)
     if download:
         try:
             minari.download_dataset(dataset_id)
@@ -70,14 +70,14 @@ def load_minari(dataset_id: str, download: bool = False) -> minari.MinariDataset
                 f"could not download Minari dataset {dataset_id!r}: {reason}. Downloads need "
                 "network access to the Minari remote; offline, copy the dataset into "
                 f"{minari.storage.get_dataset_path()} or train on an embedded one "
-                f"({', '.join(embedded.EMBEDDED_DATASETS)})."
+                f"({', '.join(suites.EMBEDDED_DATASETS)})."
             ) from None
         return minari.load_dataset(dataset_id)
     shown = ", ".join(local) if local else "none"
     raise DatasetError(
         f"Minari dataset {dataset_id!r} is not available locally "
         f"(looked in {minari.storage.get_dataset_path()}). Local datasets: {shown}. "
-        f"Embedded datasets, built on demand: {', '.join(embedded.EMBEDDED_DATASETS)} "
+        f"Embedded datasets, built on demand: {', '.join(suites.EMBEDDED_DATASETS)} "
         "(or ahead of time with `tt-collect`). To fetch a remote one, run with "
         f"`dataset.id={dataset_id} dataset.download=true` (needs network access)."
     )

@@ -1,6 +1,6 @@
 """Reference returns for normalised scores: the dataset's own, explicit ones, or D4RL's table.
 
-A normalised score is `100 * (return - ref_min) / (ref_max - ref_min)` (`data/scores.py`).
+A normalised score is `100 * (return - ref_min) / (ref_max - ref_min)` (`scores.py`).
 Minari's `mujoco/*` datasets carry no reference scores, so on them an evaluation prints raw
 returns unless it is given scores: explicitly (`eval.ref_min_score`, `eval.ref_max_score`) or
 from D4RL's table (`eval.reference=d4rl`), the scores behind the paper's normalised tables.

@@ -1,6 +1,5 @@
 """Vector environments, evaluation episodes, scores and videos."""
 
-from trajectory_transformer.data.scores import normalized_score
 from trajectory_transformer.evaluation.agent import Agent, EvaluationObserver, PlanningAgent
 from trajectory_transformer.evaluation.envs import (
     EnvMismatchError,
@@ -11,6 +10,7 @@ from trajectory_transformer.evaluation.envs import (
 from trajectory_transformer.evaluation.loop import EvalResult, evaluate
 from trajectory_transformer.evaluation.record import EpisodeRecord, PlanSnapshot, record_episode
 from trajectory_transformer.evaluation.video import render_observations, write_video
+from trajectory_transformer.scores import normalized_score
 
 __all__ = [
     "Agent",

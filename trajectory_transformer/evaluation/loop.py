@@ -12,8 +12,8 @@ import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
-from trajectory_transformer.data.scores import mean_and_stderr, normalized_score
 from trajectory_transformer.evaluation.agent import Agent, EvaluationObserver
+from trajectory_transformer.scores import mean_and_stderr, normalized_score
 
 
 @dataclass

@@ -1,12 +1,14 @@
 """Behaviour policies that generate embedded datasets: small tanh-Gaussian MLP actors.
 
-The Hopper suite (`data/hopper.py`) is collected from actors trained once with SAC by
+The Hopper suite (`suites/hopper.py`) is collected from actors trained once with SAC by
 `scripts/train_behaviour_policy.py`. Only the actor is shipped, as a plain state dict with its
 shape, loaded with `torch.load(..., weights_only=True)`: running it needs nothing but torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +16,17 @@ import torch
 import torch.nn as nn
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Torch on one thread while actors play: their batches are tiny, threads only add waiting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class GaussianActor(nn.Module):

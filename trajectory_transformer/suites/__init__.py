@@ -1,0 +1,54 @@
+"""The embedded datasets: every id in one place, and a builder that dispatches by suite.
+
+Each suite builds its datasets locally, offline, over the shared machinery of
+:mod:`trajectory_transformer.suites.collect`, and stores its reference scores in the Minari
+metadata: :mod:`~trajectory_transformer.suites.pendulum` (``pendulum/*``, ``Pendulum-v1``) and
+:mod:`~trajectory_transformer.suites.reacher` (``reacher/*``, ``Reacher-v5``) from scripted
+controllers, :mod:`~trajectory_transformer.suites.hopper` (``hopper/*``, ``Hopper-v5``) from
+shipped SAC actors. Callers (``load_minari``, ``tt-collect``) go through this module only.
+"""
+
+from __future__ import annotations
+
+import minari
+
+from trajectory_transformer.suites import hopper, pendulum, reacher
+from trajectory_transformer.suites.collect import Suite
+
+__all__ = ["EMBEDDED_DATASETS", "SUITES", "build_embedded_dataset", "is_embedded", "suite_of"]
+
+SUITES: tuple[Suite, ...] = (pendulum.SUITE, reacher.SUITE, hopper.SUITE)
+
+EMBEDDED_DATASETS: dict[str, str] = {
+    dataset_id: dataset.summary
+    for suite in SUITES
+    for dataset_id, dataset in suite.datasets.items()
+}
+"""Every embedded dataset id and a one-line description of its behaviour policy."""
+
+
+def is_embedded(dataset_id: str) -> bool:
+    """Whether ``dataset_id`` is an embedded dataset of any suite."""
+    return dataset_id in EMBEDDED_DATASETS
+
+
+def suite_of(dataset_id: str) -> Suite:
+    """The suite that builds ``dataset_id``; a ValueError listing the known ids otherwise."""
+    for suite in SUITES:
+        if dataset_id in suite.datasets:
+            return suite
+    raise ValueError(
+        f"unknown embedded dataset {dataset_id!r}; known ids: {', '.join(EMBEDDED_DATASETS)}"
+    )
+
+
+def build_embedded_dataset(
+    dataset_id: str, *, overwrite: bool = False, episodes: int | None = None, seed: int = 0
+) -> minari.MinariDataset:
+    """Build (or load, unless ``overwrite``) an embedded dataset in the local Minari folder.
+
+    ``episodes`` is per behaviour policy (a medium-expert dataset holds twice as many); None
+    keeps the suite's default (500 episodes for Pendulum and Reacher, a transition budget for
+    Hopper). ``seed`` is the base seed of reset seeds, action noise and the reference scores.
+    """
+    return suite_of(dataset_id).build(dataset_id, overwrite=overwrite, episodes=episodes, seed=seed)

@@ -1,0 +1,418 @@
+"""What every embedded suite shares: seeded rollouts of a batched policy through gymnasium
+vector envs, disjoint blocks of reset seeds, reference scores, the Minari write and the builder.
+
+A suite (``pendulum``, ``reacher``, ``hopper``) is its controllers or actors, the
+episodes of each policy kind, and a :class:`Suite` record of its datasets; :meth:`Suite.build`
+does the rest. The data is whatever gymnasium (and MuJoCo) compute on the machine that builds
+it: there is no second simulator to keep in step, and returns may differ between CPUs in the
+last digits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import shutil
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import gymnasium as gym
+import minari
+import numpy as np
+from minari.data_collector import EpisodeBuffer
+from minari.namespace import create_namespace, list_local_namespaces
+from minari.storage import get_dataset_path
+
+from trajectory_transformer.scores import normalized_score
+
+AUTHOR = "trajectory-transformer"
+
+# Disjoint ranges of reset seeds: one block of 10M per base seed, 1M per policy kind in it.
+SEED_BLOCK = 10_000_000
+KIND_BLOCK = 1_000_000
+EVALUATION = 9
+"""The kind offset of the reference-score episodes, in every suite."""
+
+Policy = Callable[[np.ndarray, np.random.Generator], np.ndarray]
+"""A batched behaviour policy: ``(observations (N, obs_dim), rng) -> actions (N, act_dim)``."""
+
+
+# ----------------------------------------------------------------------------- policies
+
+
+@dataclass(frozen=True)
+class EpsilonRandomExpert:
+    """``expert``, replaced by ``random`` with probability ``epsilon`` each step.
+
+    ``epsilon`` is a scalar or one value per environment of the batch; 0 is the expert, 1 the
+    random policy. The generator is consumed identically for every epsilon.
+    """
+
+    expert: Callable[[np.ndarray], np.ndarray]  # observations (N, obs_dim) -> actions
+    random: Callable[[int, np.random.Generator], np.ndarray]  # (N, rng) -> actions
+    epsilon: float | np.ndarray
+
+    def __call__(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        n = len(obs)
+        explore = rng.random(n) < np.broadcast_to(np.asarray(self.epsilon, dtype=np.float64), n)
+        noise = self.random(n, rng)
+        return np.where(explore[:, None], noise, self.expert(obs))
+
+
+# ----------------------------------------------------------------------------- rollouts
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Whole episodes, each with its own length ``T`` (arrays are read-only)."""
+
+    seeds: tuple[int, ...]  # the reset seed of each episode
+    observations: tuple[np.ndarray, ...]  # (T + 1, obs_dim), the env's dtype
+    actions: tuple[np.ndarray, ...]  # (T, act_dim) float32
+    rewards: tuple[np.ndarray, ...]  # (T,) float64
+    terminations: tuple[np.ndarray, ...]  # (T,) bool
+    truncations: tuple[np.ndarray, ...]  # (T,) bool
+
+    def __post_init__(self) -> None:
+        columns = (self.observations, self.actions, self.rewards, self.terminations)
+        for array in itertools.chain(*columns, self.truncations):
+            array.flags.writeable = False
+
+    @property
+    def returns(self) -> np.ndarray:
+        return np.array([r.sum() for r in self.rewards])
+
+    @property
+    def transitions(self) -> int:
+        return sum(len(r) for r in self.rewards)
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[Rollout]) -> Rollout:
+        columns = ("seeds", "observations", "actions", "rewards", "terminations", "truncations")
+        return cls(*(tuple(itertools.chain(*(getattr(p, c) for p in parts))) for c in columns))
+
+    def buffers(self) -> list[EpisodeBuffer]:
+        """Minari episode buffers, numbered from 0 in order."""
+        return [
+            EpisodeBuffer(
+                id=i,
+                seed=seed,
+                observations=self.observations[i],
+                actions=self.actions[i],
+                rewards=self.rewards[i],
+                terminations=self.terminations[i],
+                truncations=self.truncations[i],
+                infos={},
+            )
+            for i, seed in enumerate(self.seeds)
+        ]
+
+
+def rollout(
+    env_id: str,
+    policy: Policy,
+    seeds: Iterable[int],
+    rng: np.random.Generator,
+    *,
+    num_envs: int | None = None,
+    transitions: int | None = None,
+    max_episode_steps: int | None = None,
+    fixed_length: bool = False,
+) -> Rollout:
+    """One episode per reset seed, taken in order, ``num_envs`` stepped together in a
+    synchronous vector env: an env whose episode ends starts the next seed at once, so no env
+    waits for the longest episode. Terminations and truncations are kept apart, as the env
+    returns them.
+
+    The policy sees the whole batch every step, idle envs included (what they do is dropped).
+    Without ``num_envs``, every seed gets its own env (row ``i`` of the batch plays seed ``i``
+    throughout, so a policy may hold one setting per episode). Without
+    ``transitions``, every seed is played. With it (``seeds`` may then be endless), no seed
+    starts once that many transitions are stepped, and the result is the shortest prefix of the
+    seeds whose episodes hold at least ``transitions`` (by seed order, not by which episodes
+    ended first, so short episodes are not favoured). ``max_episode_steps`` replaces the env's
+    time limit. ``fixed_length`` asserts that every episode ran to the time limit and ended by
+    truncation (environments that never terminate).
+    """
+    seeds = iter(seeds)
+    first = [int(s) for s in itertools.islice(seeds, num_envs)]
+    if not first:
+        return Rollout((), (), (), (), (), ())
+    n = len(first)
+    limits = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    env = gym.make_vec(env_id, num_envs=n, vectorization_mode="sync", **limits)
+    observation_dtype = env.single_observation_space.dtype
+    columns: dict[int, dict[str, list]] = {}  # by reset seed, in the order they started
+    playing: list[int | None] = list(first)  # the seed each env plays; None once it is idle
+    stepped = 0
+    try:
+        obs, _ = env.reset(seed=first)
+        for i, seed in enumerate(first):
+            columns[seed] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
+        while any(seed is not None for seed in playing):
+            actions = np.asarray(policy(obs, rng), dtype=np.float32)
+            obs, rewards, terminated, truncated, _ = env.step(actions)
+            ended = np.zeros(n, dtype=bool)
+            for i, seed in enumerate(playing):
+                if seed is None:
+                    continue
+                episode = columns[seed]
+                episode["a"].append(actions[i])
+                episode["r"].append(rewards[i])
+                episode["d"].append(terminated[i])
+                episode["t"].append(truncated[i])
+                episode["o"].append(obs[i])
+                stepped += 1
+                if terminated[i] or truncated[i]:
+                    ended[i], playing[i] = True, None
+            if ended.any() and (transitions is None or stepped < transitions):
+                restart = [next(seeds, None) if end else None for end in ended]
+                mask = np.array([seed is not None for seed in restart])
+                if mask.any():
+                    new_obs, _ = env.reset(
+                        seed=[None if s is None else int(s) for s in restart],
+                        options={"reset_mask": mask},
+                    )
+                    obs = np.where(mask[:, None], new_obs, obs)  # a new array: stored rows stay
+                    for i in np.flatnonzero(mask):
+                        playing[i] = int(restart[i])
+                        columns[playing[i]] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
+    finally:
+        env.close()
+    kept = list(columns)
+    if transitions is not None:
+        lengths = np.cumsum([len(columns[seed]["r"]) for seed in kept])
+        kept = kept[: int(np.searchsorted(lengths, transitions)) + 1]
+    result = Rollout(
+        seeds=tuple(kept),
+        observations=tuple(np.asarray(columns[s]["o"], dtype=observation_dtype) for s in kept),
+        actions=tuple(np.asarray(columns[s]["a"], dtype=np.float32) for s in kept),
+        rewards=tuple(np.asarray(columns[s]["r"], dtype=np.float64) for s in kept),
+        terminations=tuple(np.asarray(columns[s]["d"], dtype=bool) for s in kept),
+        truncations=tuple(np.asarray(columns[s]["t"], dtype=bool) for s in kept),
+    )
+    if fixed_length:
+        steps = max_episode_steps or gym.spec(env_id).max_episode_steps
+        _require_time_limit(result, env_id, steps)
+    return result
+
+
+def _require_time_limit(result: Rollout, env_id: str, steps: int) -> None:
+    for terminations, truncations in zip(result.terminations, result.truncations, strict=True):
+        if len(truncations) != steps or terminations.any() or not truncations[-1]:
+            raise RuntimeError(
+                f"{env_id} episodes were expected to run {steps} steps and end by truncation; "
+                f"one ran {len(truncations)} (terminated: {bool(terminations.any())}). Has the "
+                "environment changed?"
+            )
+
+
+def play(
+    env_id: str,
+    policy: Policy,
+    *,
+    seed: int,
+    kind: int,
+    episodes: int | None = None,
+    first: int = 0,
+    **options,
+) -> Rollout:
+    """The episodes of one policy kind: ``episodes`` reset seeds from the kind's own block
+    (from ``first`` within it), or, without a count, as many as ``rollout``'s ``transitions``
+    take; the policy's noise from a generator seeded by the same numbers."""
+    if seed < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
+    if episodes is not None and not 0 < episodes <= KIND_BLOCK - first:
+        raise ValueError(f"episodes must be in [1, {KIND_BLOCK - first}], got {episodes}")
+    if episodes is None and options.get("num_envs") is None:
+        raise ValueError("without a count of episodes the seeds are endless: give num_envs")
+    start = seed * SEED_BLOCK + kind * KIND_BLOCK + first
+    seeds = itertools.count(start) if episodes is None else range(start, start + episodes)
+    rng = np.random.default_rng([seed, kind, first])  # first = 0: the stream of [seed, kind]
+    return rollout(env_id, policy, seeds, rng, **options)
+
+
+def reference_scores(
+    env_id: str, random: Policy, expert: Policy, seed: int, episodes: int, **options
+) -> tuple[float, float]:
+    """``(ref_min_score, ref_max_score)``: mean returns of the ``random`` and the ``expert``
+    policy over ``episodes`` seeded evaluation episodes (the same start states for both; seeds
+    disjoint from every dataset's). ``options`` go to :func:`rollout`."""
+    start = seed * SEED_BLOCK + EVALUATION * KIND_BLOCK
+    seeds = range(start, start + episodes)
+    rng = np.random.default_rng([seed, EVALUATION])
+    low = rollout(env_id, random, seeds, rng, **options).returns.mean()
+    high = rollout(env_id, expert, seeds, rng, **options).returns.mean()
+    return float(low), float(high)
+
+
+# ----------------------------------------------------------------------------- Minari
+
+
+def existing(dataset_id: str, overwrite: bool) -> minari.MinariDataset | None:
+    """The local dataset of that id, unless ``overwrite`` (which deletes it) or there is none."""
+    path = get_dataset_path(dataset_id)
+    if path.exists():
+        if not overwrite:
+            return minari.load_dataset(dataset_id)
+        shutil.rmtree(path)
+    return None
+
+
+def write(
+    dataset_id: str,
+    buffers: list[EpisodeBuffer],
+    env_id: str,
+    algorithm_name: str,
+    ref_scores: tuple[float, float],
+    reference_episodes: int,
+    description: str,
+    namespace_description: str,
+) -> minari.MinariDataset:
+    """A Minari dataset of ``buffers`` with reference scores, in the namespace before its first
+    '/' (created with ``namespace_description`` if missing); nothing is left behind on failure."""
+    namespace = dataset_id.split("/")[0]
+    try:
+        with warnings.catch_warnings():
+            # No contact address or code permalink exists for these locally built datasets.
+            warnings.filterwarnings("ignore", message=r"`(author_email|code_permalink)` is set")
+            if namespace not in list_local_namespaces():
+                with contextlib.suppress(ValueError):  # created concurrently
+                    create_namespace(namespace, description=namespace_description)
+            return minari.create_dataset_from_buffers(
+                dataset_id=dataset_id,
+                buffer=buffers,
+                env=env_id,
+                eval_env=env_id,
+                algorithm_name=algorithm_name,
+                author=AUTHOR,
+                author_email=None,
+                code_permalink=None,
+                ref_min_score=ref_scores[0],
+                ref_max_score=ref_scores[1],
+                num_episodes_average_score=reference_episodes,
+                description=description,
+            )
+    except BaseException:
+        shutil.rmtree(get_dataset_path(dataset_id), ignore_errors=True)  # no half-written dataset
+        raise
+
+
+# ----------------------------------------------------------------------------- the builder
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One embedded dataset of a suite."""
+
+    summary: str
+    """One line on its behaviour policy; the description starts with it."""
+    algorithm_name: str
+    kinds: tuple[str, ...]
+    """The policy kinds whose episodes it holds, in order (medium-expert: medium, expert)."""
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A dataset's episodes and reference scores, as its description reports them."""
+
+    dataset_id: str
+    dataset: Dataset
+    episodes: Rollout
+    seed: int
+    ref_scores: tuple[float, float]
+    reference_episodes: int
+
+    @property
+    def mean_return(self) -> float:
+        return float(self.episodes.returns.mean())
+
+    @property
+    def score(self) -> float:
+        return float(normalized_score(self.mean_return, *self.ref_scores))
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What the builder needs of a suite: its env, its datasets and how to play each kind."""
+
+    env_id: str
+    datasets: dict[str, Dataset]
+    episodes_of: Callable[[str, int | None, int], Rollout]
+    """``(kind, episodes per policy or None for the default, seed)`` -> the kind's episodes."""
+    reference_scores: Callable[[int, int], tuple[float, float]]
+    """``(seed, episodes)`` -> ``(random, expert)`` mean returns."""
+    describe: Callable[[Collected], str]
+    namespace_description: str
+    default_episodes: int | None
+    reference_episodes: int = 100
+
+    def build(
+        self,
+        dataset_id: str,
+        *,
+        overwrite: bool = False,
+        episodes: int | None = None,
+        seed: int = 0,
+        reference_episodes: int | None = None,
+    ) -> minari.MinariDataset:
+        """Build (or load) one of the suite's datasets in the local Minari folder.
+
+        Args:
+            dataset_id: one of :attr:`datasets`.
+            overwrite: delete and rebuild the dataset if it exists locally; otherwise an
+                existing dataset is loaded and returned as it is (whatever built it).
+            episodes: episodes per behaviour policy (a medium-expert dataset holds twice as
+                many); None: the suite's default.
+            seed: base seed of reset seeds, action noise and the reference scores.
+            reference_episodes: episodes of each reference policy; None: the suite's default.
+        """
+        if dataset_id not in self.datasets:
+            raise ValueError(
+                f"unknown embedded dataset {dataset_id!r}; known ids: {', '.join(self.datasets)}"
+            )
+        found = existing(dataset_id, overwrite)
+        if found is not None:
+            return found
+        dataset = self.datasets[dataset_id]
+        if episodes is None:
+            episodes = self.default_episodes
+        if reference_episodes is None:
+            reference_episodes = self.reference_episodes
+        parts = [self.episodes_of(kind, episodes, seed) for kind in dataset.kinds]
+        collected = Collected(
+            dataset_id,
+            dataset,
+            Rollout.concatenate(parts),
+            seed,
+            self.reference_scores(seed, reference_episodes),
+            reference_episodes,
+        )
+        return write(
+            dataset_id,
+            collected.episodes.buffers(),
+            self.env_id,
+            dataset.algorithm_name,
+            collected.ref_scores,
+            reference_episodes,
+            self.describe(collected),
+            self.namespace_description,
+        )
+
+
+def describe_fixed_length(collected: Collected, builder: str, expert: str) -> str:
+    """The description of a dataset whose episodes all run to the time limit: its policy,
+    size, builder and seed, its mean return and normalised score, and the reference policies."""
+    low, high = collected.ref_scores
+    episodes = collected.episodes
+    return (
+        f"{collected.dataset.summary} {len(episodes)} episodes of {len(episodes.rewards[0])} "
+        f"steps, built by {builder} (seed {collected.seed}). Mean return "
+        f"{collected.mean_return:.1f}, normalised score {collected.score:.1f} (ref_min_score "
+        f"{low:.1f}: uniform random policy; ref_max_score {high:.1f}: {expert}; "
+        f"{collected.reference_episodes} evaluation episodes each)."
+    )

@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 from conftest import create_dataset, run_module, untrained_checkpoint
@@ -26,8 +27,14 @@ def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_ch
     assert result.returncode == 0, result.stderr
     assert "3 episodes" in result.stdout and "normalized score" in result.stdout
     in_run_dir = json.loads((tmp_path / "eval" / "results.json").read_text())
-    next_to_checkpoint = tiny_checkpoint.parent / "eval_default_seed0.json"
-    assert json.loads(next_to_checkpoint.read_text()) == in_run_dir
+    (record,) = read_index(tiny_checkpoint)
+    assert record["results"] == str((tmp_path / "eval" / "results.json").resolve())
+    assert record["normalized_score_mean"] == in_run_dir["normalized_score_mean"]
+    assert (record["planner_preset"], record["episodes"], record["checkpoint"]) == (
+        "default",
+        3,
+        "checkpoint.pt",
+    )
     assert len(in_run_dir["returns"]) == 3 and in_run_dir["lengths"] == [15, 15, 15]
     assert sorted(in_run_dir["seeds"]) == [0, 1, 2]
     for key in (
@@ -56,7 +63,29 @@ def test_bc_preset_runs(tmp_path, tiny_checkpoint):
     )
     assert result.returncode == 0, result.stderr
     assert "planner bc" in result.stdout
-    assert (tiny_checkpoint.parent / "eval_bc_seed0.json").exists()
+    assert [record["planner_preset"] for record in read_index(tiny_checkpoint)] == ["bc"]
+
+
+def read_index(checkpoint) -> list[dict]:
+    index = checkpoint.parent / "evaluations.jsonl"
+    return [json.loads(line) for line in index.read_text().splitlines()]
+
+
+def test_every_evaluation_stays_on_record(tmp_path, tiny_checkpoint):
+    """A short check after a long evaluation adds to the record and replaces nothing."""
+    for episodes, run in ((3, "long"), (1, "short")):
+        result = tt_eval(
+            f"checkpoint={tiny_checkpoint}",
+            *SMALL_PLANNER,
+            f"eval.episodes={episodes}",
+            run_dir=tmp_path / run,
+        )
+        assert result.returncode == 0, result.stderr
+    records = read_index(tiny_checkpoint)
+    assert [record["episodes"] for record in records] == [3, 1]
+    for record, run in zip(records, ("long", "short"), strict=True):
+        assert json.loads(Path(record["results"]).read_text())["seeds"]
+        assert record["results"].endswith(f"{run}/results.json")
 
 
 def test_context_plus_horizon_beyond_the_block_is_refused(tmp_path, tiny_checkpoint):

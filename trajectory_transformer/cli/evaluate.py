@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -97,8 +99,8 @@ def run(cfg: EvaluateConfig) -> dict:
         "eval": OmegaConf.to_container(cfg.eval, resolve=True),
         "device": str(device),
     }
-    next_to_checkpoint = Path(cfg.checkpoint).parent / f"eval_{preset}_seed{cfg.eval.seed}.json"
-    result.write(run_dir / "results.json", next_to_checkpoint)
+    result.write(run_dir / "results.json")
+    index = record_evaluation(Path(cfg.checkpoint), run_dir, result.summary())
     if cfg.eval.video:
         video = write_video(record.frames, run_dir / f"video.{cfg.eval.video_format}")
         print(f"video of episode 0: {video}")
@@ -108,8 +110,28 @@ def run(cfg: EvaluateConfig) -> dict:
         figures = save_episode_figures(record, planner, run_dir)
         print(f"{len(figures)} figures of episode 0 in {run_dir}: {figures[0].name}, ...")
     print(f"{info.dataset_id} | planner {preset} | {result.line()}")
-    print(f"results: {run_dir / 'results.json'} and {next_to_checkpoint}")
+    print(f"results: {run_dir / 'results.json'}, listed in {index}")
     return result.summary()
+
+
+def record_evaluation(checkpoint: Path, run_dir: Path, summary: dict) -> Path:
+    """Add one line about this evaluation to `evaluations.jsonl` beside the checkpoint: every
+    evaluation of a checkpoint stays on record (a short check never replaces a long one), its
+    full results in its own run directory."""
+    index = checkpoint.parent / "evaluations.jsonl"
+    line = {
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "checkpoint": checkpoint.name,
+        "results": str((run_dir / "results.json").resolve()),
+        "planner_preset": summary["settings"]["planner_preset"],
+        "episodes": len(summary["returns"]),
+        "first_episode_seed": summary["settings"]["eval"]["seed"],
+        "return_mean": summary["return_mean"],
+        "normalized_score_mean": summary["normalized_score_mean"],
+    }
+    with open(index, "a") as file:  # one short append: lines of concurrent runs stay whole
+        file.write(json.dumps(line) + "\n")
+    return index
 
 
 @command("eval")

@@ -37,7 +37,7 @@ from trajectory_transformer.evaluation.envs import EnvMismatchError
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.suites import pendulum
-from trajectory_transformer.training.trainer import TrainerConfig
+from trajectory_transformer.training.trainer import NonFiniteLossError, TrainerConfig
 
 # The YAML files of configs/ ship inside the package (see pyproject.toml), found by import name
 # in a checkout, an editable install and a wheel alike.
@@ -246,6 +246,7 @@ def friendly_errors(task: Callable) -> Callable:
             EnvMismatchError,
             ComparisonError,
             ReferenceScoreError,
+            NonFiniteLossError,
         ) as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)

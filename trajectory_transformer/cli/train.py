@@ -8,6 +8,7 @@ notebook or a script that wants a checkpoint)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -104,6 +105,39 @@ def make_wandb_logger(cfg: TrainConfig, config: dict, run_dir: Path):
         dir=str(run_dir),
     )
     return (lambda metrics, step: run.log(metrics, step=step)), run
+
+
+class MetricsLog:
+    """The run's logged metrics, one JSON line per logged step, in `<run dir>/metrics.jsonl`:
+    its loss curve. A resumed run starts from the lines of the run it resumes (read from that
+    checkpoint's folder), up to the checkpoint's step, so that steps logged after the
+    checkpoint and lost with the process are neither repeated nor skipped."""
+
+    FILE = "metrics.jsonl"
+
+    def __init__(self, run_dir: Path, resumed_from: Path | None, step: int) -> None:
+        self.path = run_dir / self.FILE
+        kept: list[str] = []
+        source = None if resumed_from is None else resumed_from.parent / self.FILE
+        if source is not None and source.is_file():
+            for line in source.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a killed process
+                    continue
+                if record["step"] <= step:
+                    kept.append(line)
+        staged = self.path.with_suffix(".tmp")
+        staged.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(staged, self.path)
+        self.file = open(self.path, "a")  # noqa: SIM115 (open for the run's length)
+
+    def __call__(self, metrics: dict, step: int) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def interrupted_message(trainer: Trainer, checkpoint: Path, resumed_from: str | None) -> str:
@@ -241,14 +275,24 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     play, env = None, None
     if cfg.trainer.eval_every is not None and dist.is_main:
         play, env = planner_evaluation(cfg, discretizer, info, config, device)
-    log, wandb_run = make_wandb_logger(cfg, config, run_dir) if dist.is_main else (None, None)
+    loggers, metrics_log, wandb_run = [], None, None
+    if dist.is_main:
+        resumed_step = resume["training"]["step"] if resume is not None else 0
+        metrics_log = MetricsLog(run_dir, cfg.resume and Path(cfg.resume), resumed_step)
+        wandb_log, wandb_run = make_wandb_logger(cfg, config, run_dir)
+        loggers = [metrics_log] + ([wandb_log] if wandb_log is not None else [])
+
+    def log(metrics: dict, step: int) -> None:
+        for logger in loggers:
+            logger(metrics, step)
+
     trainer = Trainer(
         model,
         windows,
         cfg.trainer,
         save,
         seed=cfg.seed,
-        log=log,
+        log=log if loggers else None,
         validation=validation,
         evaluate=play,
         dist=dist,
@@ -283,6 +327,8 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     finally:
         if wandb_run is not None:
             wandb_run.finish()
+        if metrics_log is not None:
+            metrics_log.close()
         if env is not None:
             env.close()
     say(summary.line())

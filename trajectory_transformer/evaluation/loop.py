@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -70,10 +71,14 @@ class EvalResult:
         return text + f" | {summary['ms_per_env_step']:.1f} ms planning per env-step"
 
     def write(self, *paths: Path) -> None:
+        """The summary as JSON, each file replaced whole: a killed process leaves the file as
+        it was, never half written (a comparison takes an existing one as a finished job)."""
         text = json.dumps(self.summary(), indent=2)
-        for path in paths:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text + "\n")
+        for path in map(Path, paths):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staged.write_text(text + "\n")
+            os.replace(staged, path)
 
 
 def evaluate(

@@ -9,7 +9,18 @@ import gymnasium as gym
 import minari
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, settings
 from minari.data_collector import EpisodeBuffer
+
+# Property-based tests: a few examples each in `make test`, many with --hypothesis-profile=long.
+settings.register_profile(
+    "default",
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+settings.register_profile("long", parent=settings.get_profile("default"), max_examples=400)
+settings.load_profile("default")
 
 
 @pytest.fixture(autouse=True)

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
+import time
 import warnings
 from types import ModuleType
 
@@ -407,3 +410,34 @@ def test_seed_blocks_refuse_what_would_overlap():
         collect.play("Pendulum-v1", zero_torques, seed=-1, kind=0, episodes=1)
     with pytest.raises(ValueError, match="episodes must be in"):
         collect.play("Pendulum-v1", zero_torques, seed=0, kind=0, episodes=collect.KIND_BLOCK + 1)
+
+
+def test_two_processes_building_one_id_at_once_both_get_the_same_complete_dataset(tmp_path):
+    """One builds while the other waits on the build lock, then loads what it wrote; neither
+    deletes the other's work."""
+    builder = (
+        "import sys, time\n"
+        "from trajectory_transformer.suites import pendulum\n"
+        "while time.time() < float(sys.argv[1]):\n"  # start together
+        "    time.sleep(0.001)\n"
+        "dataset = pendulum.SUITE.build('pendulum/medium-v0', episodes=6, reference_episodes=2)\n"
+        "print(dataset.total_episodes, dataset.total_steps)\n"
+    )
+    start = time.time() + 3.0
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", builder, str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=300) for process in processes]
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert out.split() == ["6", "1200"]
+    dataset = minari.load_dataset("pendulum/medium-v0")
+    assert dataset.total_episodes == 6
+    rewards = [episode.rewards for episode in dataset.iterate_episodes()]
+    assert len(rewards) == 6 and all(len(r) == 200 for r in rewards)

@@ -218,7 +218,13 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     torch.manual_seed(cfg.seed)  # the same initial parameters on every rank
     say = print if dist.is_main else (lambda *args, **kwargs: None)
 
+    # Rank 0 opens the dataset first (building or downloading it if need be), the other ranks
+    # once it has: they never write it at the same time.
+    if dist.rank > 0:
+        dist.wait_for_main()
     episodes, info = load_episodes(cfg.dataset.id, cfg.dataset.download, cfg.dataset.env_id)
+    if dist.rank == 0:
+        dist.wait_for_main()
     say(
         f"dataset {info.dataset_id}: {info.num_episodes} episodes, {info.num_transitions} "
         f"transitions, obs {info.observation_dim} dims, act {info.action_dim} dims, "

@@ -55,12 +55,14 @@ def local_dataset_ids() -> list[str]:
 
 
 def load_minari(dataset_id: str, download: bool = False) -> minari.MinariDataset:
-    """Open a dataset: local first, then the embedded builders, then a download if allowed."""
+    """Open a dataset: an embedded one through its builder (which loads it when it is there,
+    and never while another process writes it), another local first, then a download if
+    allowed."""
+    if suites.is_embedded(dataset_id):
+        return suites.build_embedded_dataset(dataset_id)
     local = local_dataset_ids()
     if dataset_id in local:
         return minari.load_dataset(dataset_id)
-    if suites.is_embedded(dataset_id):
-        return suites.build_embedded_dataset(dataset_id)
     if download:
         try:
             minari.download_dataset(dataset_id)

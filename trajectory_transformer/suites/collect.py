@@ -14,12 +14,14 @@ import contextlib
 import itertools
 import shutil
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import minari
 import numpy as np
+from filelock import FileLock
 from minari.data_collector import EpisodeBuffer
 from minari.namespace import create_namespace, list_local_namespaces
 from minari.storage import get_dataset_path
@@ -253,6 +255,17 @@ def reference_scores(
 # ----------------------------------------------------------------------------- Minari
 
 
+@contextlib.contextmanager
+def build_lock(dataset_id: str) -> Iterator[None]:
+    """Held while a dataset is looked for and, if missing, built: of processes that build the
+    same id at once (torchrun ranks, parallel comparison jobs), one builds and the others
+    wait, then load what it wrote. A lock file next to the datasets, per id."""
+    root = Path(get_dataset_path())
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(root / f".{dataset_id.replace('/', '--')}.build.lock"):
+        yield
+
+
 def existing(dataset_id: str, overwrite: bool) -> minari.MinariDataset | None:
     """The local dataset of that id, unless ``overwrite`` (which deletes it) or there is none."""
     path = get_dataset_path(dataset_id)
@@ -274,7 +287,8 @@ def write(
     namespace_description: str,
 ) -> minari.MinariDataset:
     """A Minari dataset of ``buffers`` with reference scores, in the namespace before its first
-    '/' (created with ``namespace_description`` if missing); nothing is left behind on failure."""
+    '/' (created with ``namespace_description`` if missing); nothing is left behind on failure.
+    Called under :func:`build_lock`, where the dataset's folder is this call's own output."""
     namespace = dataset_id.split("/")[0]
     try:
         with warnings.catch_warnings():
@@ -375,9 +389,15 @@ class Suite:
             raise ValueError(
                 f"unknown embedded dataset {dataset_id!r}; known ids: {', '.join(self.datasets)}"
             )
-        found = existing(dataset_id, overwrite)
-        if found is not None:
-            return found
+        with build_lock(dataset_id):
+            found = existing(dataset_id, overwrite)
+            if found is not None:
+                return found
+            return self._build(dataset_id, episodes, seed, reference_episodes)
+
+    def _build(
+        self, dataset_id: str, episodes: int | None, seed: int, reference_episodes: int | None
+    ) -> minari.MinariDataset:
         dataset = self.datasets[dataset_id]
         if episodes is None:
             episodes = self.default_episodes

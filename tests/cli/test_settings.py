@@ -51,7 +51,7 @@ def test_the_evaluations_planner_must_fit_the_models_window(capsys):
     ("overrides", "message"),
     [
         (["checkpoint=x.pt", "eval.episodes=0"], "eval.episodes must be at least 1, got 0"),
-        (["checkpoint=x.pt", "eval.num_envs=-2"], "eval.num_envs must be at least 1, got -2"),
+        (["checkpoint=x.pt", "eval.num_envs=-2"], "eval.num_envs must be in [1, 4096], got -2"),
         (["checkpoint=x.pt", "planner.beam_width=0"], "planner.beam_width must be at least 1"),
         (["checkpoint=x.pt", "planner.reward_token=mean"], "planner.reward_token must be one of"),
         (["checkpoint=x.pt", "eval.video_format=avi"], "eval.video_format must be gif or mp4"),
@@ -87,3 +87,38 @@ def test_the_command_prints_one_line_and_writes_nothing(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == "error: trainer.batch_size must be at least 1, got -3\n"
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [dict(n_layer=1, n_head=1, embedding_dim=8), dict(n_layer=3, n_head=4, embedding_dim=64)],
+)
+def test_the_parameter_estimate_is_the_models_count(shape):
+    from trajectory_transformer.cli.resources import parameter_count
+    from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+
+    config = GPTConfig(observation_dim=3, action_dim=2, n_bins=11, sequence_transitions=4, **shape)
+    assert parameter_count(config) == TrajectoryGPT(config).num_parameters()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.n_layer=100000000", "training a model of"),
+        ("model.sequence_transitions=100000", "training a model of"),
+        ("trainer.batch_size=100000000", "on batches of 100000000 needs about"),
+    ],
+)
+def test_settings_far_beyond_the_machine_are_refused_before_any_work(
+    tiny_dataset, tmp_path, override, message
+):
+    result = run_module(
+        "trajectory_transformer.cli.train",
+        *TINY_TRAINING,
+        override,
+        f"hydra.run.dir={tmp_path / 'run'}",
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    (line,) = result.stderr.splitlines()
+    assert message in line and "GB of memory, more than the" in line

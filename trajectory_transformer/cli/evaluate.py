@@ -17,6 +17,7 @@ from trajectory_transformer.cli.common import (
     command,
     resolve_device,
 )
+from trajectory_transformer.cli.resources import check_planning_fits
 from trajectory_transformer.cli.schemas import EvaluateConfig
 from trajectory_transformer.data import reference_scores
 from trajectory_transformer.evaluation import (
@@ -39,6 +40,11 @@ def run(cfg: EvaluateConfig) -> dict:
         raise  # a missing or unreadable file says so itself
     except ValueError as error:
         raise ConfigError(f"planner settings do not fit this checkpoint: {error}") from None
+    envs = min(cfg.eval.num_envs, cfg.eval.episodes)
+    try:
+        check_planning_fits(planner.model.config, planner.config, envs, device)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     trained_discount, _ = value_targets_of(planner.training_config)
     if planner.config.discount != trained_discount:
         print(
@@ -62,7 +68,7 @@ def run(cfg: EvaluateConfig) -> dict:
     episodes = cfg.eval.episodes
     env = make_vector_env(
         info,
-        min(cfg.eval.num_envs, episodes),
+        envs,
         cfg.eval.env_id,
         cfg.eval.asynchronous,
         render=cfg.eval.video,

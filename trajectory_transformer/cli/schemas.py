@@ -39,6 +39,10 @@ def require(
         raise ValueError(f"{key} must be {allowed}, got {value!r}")
 
 
+MAX_ENVS = 4096
+"""Environments stepped together at most: each is a process's worth of simulator state."""
+
+
 def finite(x: object) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
@@ -196,8 +200,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check = functools.partial(require, "eval", self)
-        for name in ("episodes", "num_envs"):
-            check(name, lambda x: x >= 1, "at least 1")
+        check("episodes", lambda x: x >= 1, "at least 1")
+        check("num_envs", lambda x: 1 <= x <= MAX_ENVS, f"in [1, {MAX_ENVS}]")
         check("seed", lambda x: x >= 0, "at least 0")
         check("max_episode_steps", lambda x: x is None or x >= 1, "at least 1, or null")
         for name in ("ref_min_score", "ref_max_score"):

@@ -28,10 +28,12 @@ from trajectory_transformer.checkpoint import (
     save_atomic,
 )
 from trajectory_transformer.cli.common import (
+    ConfigError,
     command,
     resolve_device,
     to_container,
 )
+from trajectory_transformer.cli.resources import check_planning_fits, check_training_fits
 from trajectory_transformer.cli.schemas import TrainConfig
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
@@ -40,11 +42,13 @@ from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.diagnostics import dimension_names
 from trajectory_transformer.evaluation import check_env_matches, evaluate, make_vector_env
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
-from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.planning import BeamPlanner, PlannerConfig
 from trajectory_transformer.training.distributed import Distributed, launched_by_torchrun
 from trajectory_transformer.training.trainer import EvaluateFn, Trainer
 
 IN_TRAINING_EVAL_SEED = 10_000
+EVALUATION_ENVS = 10
+"""Environments played at once by the evaluations during training."""
 """First episode seed of the evaluations during training: apart from tt-eval's default seeds
 (0, 1, ...), so that best.pt is not chosen on the episodes that tt-eval then scores."""
 
@@ -170,7 +174,7 @@ def planner_evaluation(
     if settings.get("discount") is None:
         settings["discount"] = cfg.dataset.discount
     episodes = cfg.trainer.eval_episodes
-    env = make_vector_env(info, min(episodes, 10), cfg.dataset.env_id)
+    env = make_vector_env(info, min(episodes, EVALUATION_ENVS), cfg.dataset.env_id)
     check_env_matches(info, env)
 
     def play(model: TrajectoryGPT) -> tuple[float, dict]:
@@ -259,6 +263,14 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         n_bins=discretizer.n_bins,
         **config["model"],
     )
+    try:
+        check_training_fits(model_config, cfg.trainer.batch_size, device)
+        if cfg.trainer.eval_every is not None:
+            planner = PlannerConfig(**OmegaConf.to_container(cfg.planner, resolve=True))
+            envs = min(cfg.trainer.eval_episodes, EVALUATION_ENVS)
+            check_planning_fits(model_config, planner, envs, device)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     if resume is not None:
         check_compatible(resume, model_config, info, config["dataset"], split)
     sequence = model_config.sequence_transitions

@@ -242,3 +242,24 @@ def test_a_clock_without_a_budget_plans_nothing():
     clock.started(0)
     clock.tick(10.0)
     assert clock.steps_that_fit(100) is None and not clock.out_of_time and clock.left is None
+
+
+def test_under_the_stopping_rule_the_progress_shows_the_rule_not_the_caps_end(tmp_path):
+    """No time estimate from a cap of thousands of steps that the rule will never reach: the
+    validations since the best against the patience, the best loss and its step, the cap."""
+    trainer = make_trainer(tmp_path, validation=True, max_steps=None, validate_every=2)
+    assert trainer.stopping_rule and trainer._bar_total() is None
+    trainer.best_validation, trainer.validations_since_best = (2.5, 250), 3
+    fields = trainer._progress(loss="2.7")
+    assert fields == {
+        "loss": "2.7",
+        "best": "2.5000@250",
+        "since_best": "3/8",
+        "cap": str(trainer.total_steps),
+    }
+    budgeted = make_trainer(
+        tmp_path, validation=True, max_steps=None, validate_every=2, time_budget="10m"
+    )
+    assert budgeted._progress()["left"] == "10m00s"
+    fixed = make_trainer(tmp_path, max_steps=60)
+    assert fixed._bar_total() == 60 and fixed._progress() == {}

@@ -68,7 +68,7 @@ def test_eval_and_no_grad_ignore_the_setting(mode: str, monkeypatch: pytest.Monk
     tokens = torch.randint(BASE.n_bins, (2, BASE.block_size))
     calls = []
     monkeypatch.setattr(
-        "trajectory_transformer.model.gpt.checkpoint",
+        "trajectory_transformer.model.checkpointing.checkpoint",
         lambda *args, **kwargs: calls.append(1) or pytest.fail("checkpointed outside training"),
     )
     model.eval()
@@ -82,16 +82,16 @@ def test_eval_and_no_grad_ignore_the_setting(mode: str, monkeypatch: pytest.Monk
 
 
 def test_training_calls_checkpoint_on_the_chosen_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trajectory_transformer.model import gpt
+    from trajectory_transformer.model import checkpointing
 
     calls = []
-    real = gpt.checkpoint
+    real = checkpointing.checkpoint
 
     def counting(block, *args, **kwargs):
         calls.append(block)
         return real(block, *args, **kwargs)
 
-    monkeypatch.setattr(gpt, "checkpoint", counting)
+    monkeypatch.setattr(checkpointing, "checkpoint", counting)
     model = model_with("full", every=2)
     loss_and_grads(model)
     assert calls == [model.blocks[0], model.blocks[2]]

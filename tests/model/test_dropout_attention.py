@@ -18,7 +18,7 @@ from trajectory_transformer.model import (
     native,
     trajectory_attention_mask,
 )
-from trajectory_transformer.model.gpt import dropout_attention
+from trajectory_transformer.model.dropout import Dropout, dropout_attention
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +163,7 @@ def test_the_native_mask_keeps_one_minus_p_whatever_the_threads(kernels) -> None
 
 def test_the_model_dropout_draws_natively_and_backpropagates_its_mask(kernels) -> None:
     x = torch.randn(8, 30, 16, generator=torch.Generator().manual_seed(0)).requires_grad_()
-    dropout = gpt.Dropout(0.2).train()
+    dropout = Dropout(0.2).train()
     torch.manual_seed(5)
     y = dropout(x)
     y.backward(torch.ones_like(y))

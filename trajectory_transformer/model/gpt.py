@@ -6,12 +6,12 @@ per dimension itself. Three entry points share one trunk and one attention mask:
 `forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache or
 a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache is one native
 call (`native.py`): at one token per row, module calls and small operators cost more than the
-matrix products.
+matrix products. What only training needs sits beside this file: the CPU dropout
+(`dropout.py`) and activation checkpointing (`checkpointing.py`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import typing
 from collections.abc import Callable
@@ -20,13 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import (
-    CheckpointPolicy,
-    checkpoint,
-    create_selective_checkpoint_contexts,
-)
 
 from trajectory_transformer.model import native
+from trajectory_transformer.model.checkpointing import checkpointed_blocks
+from trajectory_transformer.model.dropout import Dropout, dropout_attention
 from trajectory_transformer.model.kv_cache import KVCache, SharedPrefixKVCache
 
 
@@ -106,141 +103,6 @@ def trajectory_attention_mask(length: int, transition_dim: int) -> torch.Tensor:
     q, k = pos[:, None], pos[None, :]  # (S, 1), (1, S)
     earlier_value = (k % transition_dim == transition_dim - 1) & (k < q)
     return (k <= q) & ~earlier_value
-
-
-def _attention_ops() -> frozenset:
-    """The ops whose outputs `selective` checkpointing keeps: matrix products and fused
-    attention kernels (those this build has), the ops that cost time to rerun.
-
-    Not `baddbmm`: in the CPU dropout attention it makes the (B * nh, S, S) scores, the largest
-    tensor of a block (over 40% of what `selective` would keep per block at the paper's
-    shape), and redoing it is an eighth of the block's forward FLOPs.
-    """
-    aten = torch.ops.aten
-    names = (
-        "mm",
-        "addmm",
-        "bmm",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    )
-    return frozenset(getattr(aten, name) for name in names if hasattr(aten, name))
-
-
-_KEPT_BY_SELECTIVE = _attention_ops()
-
-
-def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    # Pointwise ops, norms, GELU and dropout are memory-bound and cheap to redo; the products
-    # are what a recompute would pay for.
-    if op.overloadpacket in _KEPT_BY_SELECTIVE:
-        return CheckpointPolicy.MUST_SAVE
-    return CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def _dropout_seed() -> int:
-    """One draw of torch's generator seeds a native dropout mask, so that a seed (`resume=`)
-    and checkpointing's recomputation, which restores the generator, draw the same mask."""
-    return int(torch.empty((), dtype=torch.int64).random_())
-
-
-def _native_dropout_applies(x: torch.Tensor) -> bool:
-    """Float32 on the CPU, and not under torch.compile, which generates its own dropout."""
-    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.compiler.is_compiling()
-
-
-class _NativeDropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, p, kernels):
-        scale = 1.0 / (1.0 - p)
-        y, keep = kernels.dropout(x.contiguous(), p, _dropout_seed(), scale)
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        (keep,) = ctx.saved_tensors
-        return torch.where(keep, dy * ctx.scale, 0.0), None, None
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout whose mask, when training in float32 on the CPU, comes from the native kernel
-    (`native.py`): one pass that draws and applies it, at a fraction of `bernoulli_`'s cost.
-    Elsewhere (CUDA, bf16, torch.compile), or without the kernels, it is nn.Dropout."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and 0 < self.p < 1 and _native_dropout_applies(x):
-            kernels = native.kernels()
-            if kernels is not None:
-                return _NativeDropout.apply(x, self.p, kernels)
-        return super().forward(x)
-
-
-class _DropoutAttention(torch.autograd.Function):
-    """softmax(q k^T / sqrt(hs) + bias) with dropout, times v: what F.scaled_dot_product_attention
-    computes for a mask and dropout on the CPU, in less memory and time.
-
-    With dropout the CPU has no fused kernel; SDPA's math path keeps three (B, nh, S, S)
-    float32 tensors per layer for the backward pass (the probabilities, the dropout noise and
-    the dropped probabilities). This keeps the probabilities and a one-byte keep mask. The mask
-    comes from the native kernel (see `Dropout`); without the kernels, or in another dtype than
-    float32, it is drawn as SDPA draws it
-    (one `bernoulli_` over the probabilities' shape), so that under one seed both drop the same
-    weights. Every row must keep at least one key.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, bias, p):  # q, k, v (B, nh, S, hs); bias (S, S), 0 or -inf
-        B, nh, S, hs = q.shape
-        scale = 1.0 / math.sqrt(hs)
-        q3, k3, v3 = (t.reshape(B * nh, S, hs) for t in (q, k, v))  # (B*nh, S, hs)
-        scores = torch.baddbmm(bias, q3, k3.transpose(1, 2), alpha=scale)  # (B*nh, S, S)
-        probs = torch.softmax(scores, dim=-1)
-        del scores
-        kernels = native.kernels() if _native_dropout_applies(probs) else None
-        if kernels is not None:
-            dropped, keep = kernels.dropout(probs, p, _dropout_seed(), 1.0)
-        else:
-            keep = torch.empty_like(probs, dtype=torch.bool).bernoulli_(1.0 - p)
-            dropped = torch.where(keep, probs, 0.0)
-        # The 1 / (1 - p) rescaling is applied to the small (B*nh, S, hs) side; not in place,
-        # as selective checkpointing may hold on to the product.
-        y = torch.bmm(dropped, v3) * (1.0 / (1.0 - p))  # (B*nh, S, hs)
-        del dropped
-        ctx.save_for_backward(q3, k3, v3, probs, keep)
-        ctx.p, ctx.scale = p, scale
-        return y.view(B, nh, S, hs)
-
-    @staticmethod
-    def backward(ctx, dy):
-        q3, k3, v3, probs, keep = ctx.saved_tensors
-        B, nh, S, hs = dy.shape
-        dy3 = dy.reshape(B * nh, S, hs) * (1.0 / (1.0 - ctx.p))
-        # where/masked_fill rather than a product: multiplying by a bool mask converts it to
-        # a float copy first.
-        dv = torch.bmm(torch.where(keep, probs, 0.0).transpose(1, 2), dy3)
-        dprobs = torch.bmm(dy3, v3.transpose(1, 2)).masked_fill_(~keep, 0.0)  # (B*nh, S, S)
-        dscores = torch.ops.aten._softmax_backward_data(dprobs, probs, -1, probs.dtype)
-        del dprobs
-        dq = torch.bmm(dscores, k3).mul_(ctx.scale)
-        dk = torch.bmm(dscores.transpose(1, 2), q3).mul_(ctx.scale)
-        shape = (B, nh, S, hs)
-        return dq.view(shape), dk.view(shape), dv.view(shape), None, None
-
-
-def dropout_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, p: float
-) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)` for a boolean
-    mask (S, S) and 0 < p < 1, keeping less for the backward pass (see _DropoutAttention)."""
-    with torch.autocast(q.device.type, enabled=False):  # run in the dtype q already has
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)
-        bias.masked_fill_(~mask, float("-inf"))
-        k, v = k.to(q.dtype), v.to(q.dtype)
-        return _DropoutAttention.apply(q, k, v, bias, p)
 
 
 class CausalSelfAttention(nn.Module):
@@ -365,24 +227,12 @@ class TrajectoryGPT(nn.Module):
         x = self.drop(x + self.pos_emb.weight[start:end])  # (B, S, d)
         # Without a cache the positions are [0, S); a cache applies the mask rows itself.
         mask = self.mask[:S, :S] if cache is None else None
-        mode = self.config.activation_checkpointing
+        mode, every = self.config.activation_checkpointing, self.config.checkpoint_every_n_layers
         if cache is None and mode != "none" and self.training and torch.is_grad_enabled():
-            every = self.config.checkpoint_every_n_layers
-            options = {}
-            if mode == "selective":
-                options["context_fn"] = functools.partial(
-                    create_selective_checkpoint_contexts, _selective_policy
-                )
-            for layer, block in enumerate(self.blocks):
-                if layer % every == 0:
-                    # Non-reentrant, and the RNG state is restored for the rerun, so the
-                    # recomputed dropout masks are the ones the forward drew.
-                    x = checkpoint(block, x, mask, use_reentrant=False, **options)
-                else:
-                    x = block(x, mask)
+            x = checkpointed_blocks(self.blocks, x, mask, mode, every)  # (B, S, d)
         else:
             for layer, block in enumerate(self.blocks):
-                x = block(x, mask, cache, layer, start)
+                x = block(x, mask, cache, layer, start)  # (B, S, d)
         return self.ln_f(x)
 
     def _heads(self, h: torch.Tensor, start: int = 0) -> torch.Tensor:

@@ -6,8 +6,8 @@ shared-prefix cache alone is a dozen tiny ones per layer) than on arithmetic.
 `csrc/cpu_kernels.cpp` holds the whole decode step as one C++ call (`Decoder.step`: embedding,
 every block with that attention, final norm and head), and the attention on its own
 (`decode_attention`, for tests). `decoder()` binds a model and a cache to it. The same
-extension draws the training dropout (`dropout`, used by `gpt.Dropout` and
-`gpt.dropout_attention`), where torch's `bernoulli_` costs a quarter of a training step.
+extension draws the training dropout (`dropout`, used by `dropout.Dropout` and
+`dropout.dropout_attention`), where torch's `bernoulli_` costs a quarter of a training step.
 It is built on first use (about a minute, with the machine's C++ compiler and ninja) into
 torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`) and
 loaded from there afterwards; `make demo` and `make test` build them during setup (`native.main()`).

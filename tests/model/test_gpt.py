@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -38,14 +39,17 @@ def test_config_properties_and_validation() -> None:
         GPTConfig(observation_dim=0, action_dim=1, n_bins=5)
 
 
-def test_mask_matches_double_loop() -> None:
+@pytest.mark.parametrize("value_sees_itself", [True, False])
+def test_mask_matches_double_loop(value_sees_itself: bool) -> None:
     for length, transition_dim in [(21, 7), (12, 4), (5, 3)]:
         expected = torch.zeros(length, length, dtype=torch.bool)
         for q in range(length):
             for k in range(length):
                 is_value = k % transition_dim == transition_dim - 1
-                expected[q, k] = k <= q and not (is_value and k < q)
-        assert torch.equal(trajectory_attention_mask(length, transition_dim), expected)
+                hidden = is_value and (k < q or not value_sees_itself)
+                expected[q, k] = k <= q and not hidden
+        mask = trajectory_attention_mask(length, transition_dim, value_sees_itself)
+        assert torch.equal(mask, expected)
 
 
 def test_forward_shape_and_block_size_error() -> None:
@@ -104,17 +108,19 @@ def cached_logits(model: TrajectoryGPT, tokens: torch.Tensor) -> torch.Tensor:
     return torch.cat([head, torch.stack(rest, dim=1)], dim=1)
 
 
+@pytest.mark.parametrize("value_sees_itself", [True, False])
 @pytest.mark.parametrize("path", ["forward", "cached"])
 @torch.no_grad()
-def test_earlier_value_token_is_hidden(path: str) -> None:
-    model = tiny_model()
+def test_earlier_value_token_is_hidden(path: str, value_sees_itself: bool) -> None:
+    model = with_value_mask(tiny_model(), value_sees_itself)
     run = model if path == "forward" else lambda t: cached_logits(model, t)
     tokens = random_tokens(model)
     value_position = T - 1  # the first transition's value token
     changed = tokens.clone()
     changed[:, value_position] = (tokens[:, value_position] + 1) % N
     before, after = run(tokens), run(changed)
-    # Its own logits (predicting the next observation) see it...
+    # Its own logits (predicting the next observation) see it, through the residual stream
+    # whatever the mask...
     assert not torch.allclose(before[:, value_position], after[:, value_position])
     # ...no later position does, and earlier ones cannot.
     torch.testing.assert_close(before[:, value_position + 1 :], after[:, value_position + 1 :])
@@ -127,6 +133,31 @@ def test_earlier_value_token_is_hidden(path: str) -> None:
     after = run(changed)
     for position in range(reward_position, tokens.shape[1]):
         assert not torch.allclose(before[:, position], after[:, position]), position
+
+
+def with_value_mask(model: TrajectoryGPT, value_sees_itself: bool) -> TrajectoryGPT:
+    """The same weights under the chosen mask of value tokens."""
+    masked = TrajectoryGPT(replace(model.config, value_sees_itself=value_sees_itself))
+    masked.load_state_dict(model.state_dict())
+    return masked.eval()
+
+
+@pytest.mark.parametrize("path", ["forward", "cached"])
+@torch.no_grad()
+def test_the_originals_mask_changes_only_the_value_positions(path: str) -> None:
+    """Hiding the value column from the value token itself (the original code) changes what
+    the value positions compute, and nothing else."""
+    ours = tiny_model()
+    original = with_value_mask(ours, value_sees_itself=False)
+    tokens = random_tokens(ours)
+    if path == "forward":
+        a, b = ours(tokens), original(tokens)
+    else:
+        a, b = cached_logits(ours, tokens), cached_logits(original, tokens)
+        torch.testing.assert_close(b, original(tokens))  # the cache keeps the mask
+    values = torch.arange(tokens.shape[1]) % T == T - 1
+    torch.testing.assert_close(a[:, ~values], b[:, ~values])
+    assert not torch.allclose(a[:, values], b[:, values])
 
 
 @torch.no_grad()

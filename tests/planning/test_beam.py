@@ -314,3 +314,19 @@ def test_greedy_feedback_feeds_back_the_most_likely_reward_and_value_tokens(kind
 def test_token_feedback_settings_are_checked() -> None:
     with pytest.raises(ValueError, match=r"planner\.reward_token must be one of greedy, sample"):
         PlannerConfig(reward_token="mean")
+
+
+def test_greedy_planner_equals_naive_under_the_originals_value_mask() -> None:
+    """The original's mask (value column hidden from itself too) plans through the PyTorch
+    decode path, and still equals the full-sequence reference."""
+    from dataclasses import replace
+
+    weights = tiny_model()
+    model = TrajectoryGPT(replace(weights.config, value_sees_itself=False))
+    model.load_state_dict(weights.state_dict())
+    disc = tiny_discretizer()
+    planner = BeamPlanner(model, disc, deterministic=True, **SMALL)
+    planner.reset(2)
+    obs = run_steps(planner, 3)
+    plan = planner.plan(obs)
+    assert_same_plan(plan, naive_plan(model, disc, planner.context_tokens(obs), planner.config))

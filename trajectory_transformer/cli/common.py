@@ -126,7 +126,7 @@ def check_settings(cfg: DictConfig) -> None:
     except OmegaConfBaseException as error:
         raise ConfigError(first_line(error)) from None
     except ValueError as error:
-        raise ConfigError(str(error).replace("GPTConfig.", "model.")) from None
+        raise ConfigError(str(error)) from None
 
 
 def check_planner_fits(planner: PlannerConfig, model: GPTConfig) -> None:

@@ -52,6 +52,12 @@ class GPTConfig:
     cheap pointwise ops. Same loss and gradients in every mode; planning is unaffected."""
     checkpoint_every_n_layers: int = 1
     """With checkpointing, checkpoint the blocks whose index is a multiple of this."""
+    value_sees_itself: bool = True
+    """The attention mask of value tokens: True, a value token attends to itself (no token
+    sees an earlier transition's value); False, the whole value column is hidden, the token's
+    own position included, as in the original code (its residual stream still carries it).
+    The effect is measured in the README; the native CPU decoder implements True, and False
+    decodes with the PyTorch modules."""
 
     DATA_FIELDS: typing.ClassVar[tuple[str, ...]] = ("observation_dim", "action_dim", "n_bins")
     """The fields that a dataset and its discretizer fix; the others are the architecture."""
@@ -66,18 +72,18 @@ class GPTConfig:
         sizes = ("observation_dim", "action_dim", "n_bins", "sequence_transitions", "n_layer")
         for name in (*sizes, "n_head", "embedding_dim"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"GPTConfig.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"model.{name} must be positive, got {getattr(self, name)}")
         if self.embedding_dim % self.n_head != 0:
             raise ValueError(
-                f"embedding_dim ({self.embedding_dim}) must be divisible by n_head "
-                f"({self.n_head}); pick e.g. embedding_dim={self.n_head * 32}"
+                f"model.embedding_dim ({self.embedding_dim}) must be divisible by model.n_head "
+                f"({self.n_head}); pick e.g. model.embedding_dim={self.n_head * 32}"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.activation_checkpointing not in self.CHECKPOINTING_MODES:
             raise ValueError(
-                f"activation_checkpointing must be one of {', '.join(self.CHECKPOINTING_MODES)}; "
-                f"got {self.activation_checkpointing!r}"
+                "model.activation_checkpointing must be one of "
+                f"{', '.join(self.CHECKPOINTING_MODES)}; got {self.activation_checkpointing!r}"
             )
         if self.checkpoint_every_n_layers <= 0:
             raise ValueError(
@@ -93,16 +99,20 @@ class GPTConfig:
         return self.sequence_transitions * self.transition_dim
 
 
-def trajectory_attention_mask(length: int, transition_dim: int) -> torch.Tensor:
+def trajectory_attention_mask(
+    length: int, transition_dim: int, value_sees_itself: bool = True
+) -> torch.Tensor:
     """(length, length) bool, True where query q may attend key k.
 
     Causal, and no token sees the value token of an earlier transition: the value is the
-    reward-to-go, i.e. future information. A value token still sees itself.
+    reward-to-go, i.e. future information. A value token still sees itself, unless
+    `value_sees_itself` is False (the original code's mask: the whole column hidden).
     """
     pos = torch.arange(length)
     q, k = pos[:, None], pos[None, :]  # (S, 1), (1, S)
-    earlier_value = (k % transition_dim == transition_dim - 1) & (k < q)
-    return (k <= q) & ~earlier_value
+    value = k % transition_dim == transition_dim - 1
+    hidden_value = value & (k < q) if value_sees_itself else value
+    return (k <= q) & ~hidden_value
 
 
 class CausalSelfAttention(nn.Module):
@@ -188,7 +198,7 @@ class TrajectoryGPT(nn.Module):
         # Derived from the config, so kept out of the state dict.
         positions = torch.arange(config.block_size)
         self.register_buffer("token_offsets", (positions % T) * N, persistent=False)
-        mask = trajectory_attention_mask(config.block_size, T)
+        mask = trajectory_attention_mask(config.block_size, T, config.value_sees_itself)
         self.register_buffer("mask", mask, persistent=False)
         self.apply(self._init_weights)
         nn.init.normal_(self.head_weight, mean=0.0, std=0.02)
@@ -327,6 +337,8 @@ class TrajectoryGPT(nn.Module):
             dim = position % T
             return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
 
+        if not self.config.value_sees_itself:  # a mask the native kernel does not implement
+            return module_step
         return native.decoder(self, cache, module_step) or module_step
 
     def configure_optimizer(

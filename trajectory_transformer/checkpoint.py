@@ -141,7 +141,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     return Checkpoint(
         model=model,
         discretizer=Discretizer.from_state_dict(payload["discretizer"]).to(device),
-        dataset=DatasetInfo(**payload["dataset"]),
+        dataset=DatasetInfo.from_dict(payload["dataset"]),
         config=payload["config"],
         training=payload["training"],
         path=Path(path),

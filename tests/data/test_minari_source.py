@@ -3,13 +3,19 @@ from dataclasses import replace
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import create_dataset, make_episode
 
+from trajectory_transformer.checkpoint import save_atomic
 from trajectory_transformer.data.minari_source import (
     DatasetError,
+    DatasetInfo,
+    check_spaces,
     episodes_from_minari,
+    flatten_observations,
     load_episodes,
     load_minari,
+    observation_layout,
 )
 
 
@@ -49,16 +55,114 @@ def test_download_failure_is_one_plain_message(monkeypatch):
     assert "long traceback" not in str(error.value)
 
 
-def test_dict_observations_are_refused():
+def dict_dataset(dataset_id: str, space: gym.spaces.Dict, episodes: int = 3, length: int = 5):
+    """Random episodes whose observations are a dict of the space's keys."""
     rng = np.random.default_rng(0)
-    buffer = make_episode(rng, 5, 2, 1, terminated=False, seed=0)
-    buffer = replace(buffer, observations={"a": buffer.observations, "b": buffer.observations})
-    space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,)), "b": gym.spaces.Box(-1, 1, (2,))})
-    dataset = create_dataset(
-        "test/dict-v0", buffers=[buffer], observation_space=space, env=None, ref_scores=None
+    buffers = []
+    for i in range(episodes):
+        buffer = make_episode(rng, length + i, 1, 1, terminated=False, seed=i)
+        observations = {
+            key: rng.uniform(-1, 1, (length + i + 1, *sub.shape)).astype(np.float32)
+            for key, sub in space.spaces.items()
+        }
+        buffers.append(replace(buffer, observations=observations))
+    return create_dataset(
+        dataset_id, buffers=buffers, observation_space=space, env=None, ref_scores=None
     )
-    with pytest.raises(DatasetError, match="Dict observation space"):
-        episodes_from_minari(dataset)
+
+
+GOAL_SPACE = gym.spaces.Dict(
+    {
+        "observation": gym.spaces.Box(-np.inf, np.inf, (4,)),
+        "desired_goal": gym.spaces.Box(-np.inf, np.inf, (2,)),
+        "achieved_goal": gym.spaces.Box(-np.inf, np.inf, (2,)),
+    }
+)
+
+
+def test_dict_observations_are_flattened_as_gymnasium_flattens_them():
+    dataset = dict_dataset("test/dict-v0", GOAL_SPACE)
+    episodes, info = load_episodes("test/dict-v0")
+    # gymnasium's Dict sorts a mapping's keys: that order is the dataset's and the layout's.
+    assert info.observation_layout == (
+        ("achieved_goal", (2,)),
+        ("desired_goal", (2,)),
+        ("observation", (4,)),
+    )
+    assert info.observation_dim == 8 == gym.spaces.flatdim(dataset.observation_space)
+    assert episodes.observations.shape == (5 + 6 + 7, 8)
+    first = next(dataset.iterate_episodes())
+    for t in range(5):
+        row = {key: first.observations[key][t] for key in first.observations}
+        expected = gym.spaces.flatten(dataset.observation_space, row)
+        np.testing.assert_allclose(episodes.observations[t], expected, rtol=1e-6)
+    assert episodes.lengths.tolist() == [5, 6, 7] and episodes.truncated.sum() == 3
+
+
+def test_nested_dict_observations_name_their_keys_by_path():
+    space = gym.spaces.Dict(
+        {
+            "goal": gym.spaces.Dict(
+                {"kettle": gym.spaces.Box(-1, 1, (3,)), "light": gym.spaces.Box(-1, 1, ())}
+            ),
+            "observation": gym.spaces.Box(-1, 1, (2,)),
+        }
+    )
+    rng = np.random.default_rng(0)
+    observations = {
+        "goal": {"kettle": rng.uniform(size=(4, 3)), "light": rng.uniform(size=4)},
+        "observation": rng.uniform(size=(4, 2)),
+    }
+    assert observation_layout(space) == (
+        ("goal/kettle", (3,)),
+        ("goal/light", ()),
+        ("observation", (2,)),
+    )
+    flat = flatten_observations(space, observations, 4)
+    for t in range(4):
+        row = {
+            "goal": {
+                "kettle": observations["goal"]["kettle"][t],
+                "light": observations["goal"]["light"][t],
+            },
+            "observation": observations["observation"][t],
+        }
+        np.testing.assert_allclose(flat[t], gym.spaces.flatten(space, row), rtol=1e-6)
+
+
+def test_the_layout_survives_a_checkpoint_and_old_checkpoints_read_as_flat(tmp_path):
+    info = DatasetInfo(
+        "test/dict-v0",
+        None,
+        "PointMaze_UMaze-v3",
+        8,
+        2,
+        [-1.0] * 2,
+        [1.0] * 2,
+        None,
+        None,
+        3,
+        18,
+        (("achieved_goal", (2,)), ("desired_goal", (2,)), ("observation", (4,))),
+    )
+    path = save_atomic({"dataset": info.to_dict()}, tmp_path / "info.pt")
+    stored = torch.load(path, weights_only=True)["dataset"]
+    assert DatasetInfo.from_dict(stored) == info
+    old = {key: value for key, value in info.to_dict().items() if key != "observation_layout"}
+    assert DatasetInfo.from_dict(old).observation_layout is None
+
+
+@pytest.mark.parametrize(
+    ("subspace", "reason"),
+    [
+        (gym.spaces.Box(0, 255, (8, 8, 3), np.uint8), r"shape \(8, 8, 3\) \(Dict key 'pixels'\)"),
+        (gym.spaces.Discrete(4), r"Discrete observation space \(Dict key 'pixels'\)"),
+    ],
+)
+def test_images_and_discrete_values_inside_a_dict_are_refused(subspace, reason):
+    space = gym.spaces.Dict({"observation": gym.spaces.Box(-1, 1, (2,)), "pixels": subspace})
+    with pytest.raises(DatasetError, match=reason):
+        check_spaces("test/x-v0", space, gym.spaces.Box(-1, 1, (1,)))
 
 
 def test_image_observations_are_refused():
@@ -74,8 +178,6 @@ def test_image_observations_are_refused():
 
 
 def test_discrete_actions_are_refused():
-    from trajectory_transformer.data.minari_source import check_spaces
-
     with pytest.raises(DatasetError, match="Discrete action space"):
         check_spaces("x", gym.spaces.Box(-1, 1, (2,)), gym.spaces.Discrete(3))
 

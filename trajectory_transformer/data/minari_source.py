@@ -1,4 +1,12 @@
-"""Minari datasets: find (or build, or download) one by id and turn it into `Episodes`."""
+"""Minari datasets: find (or build, or download) one by id and turn it into `Episodes`.
+
+Observations are a flat `Box`, or a `Dict` of them (goal-conditioned collections such as
+D4RL's pointmaze, antmaze and kitchen: `observation`, `achieved_goal`, `desired_goal`). A
+Dict is flattened as gymnasium's `flatten_space` and `flatten` do: its keys in the space's
+order (sorted, as `spaces.Dict` sorts a mapping), each value flattened. That order and every
+key's shape are the `observation_layout` of `DatasetInfo`, saved in the checkpoint, and the
+evaluation env is flattened the same way (`evaluation.envs.make_env`).
+"""
 
 from __future__ import annotations
 
@@ -32,9 +40,24 @@ class DatasetInfo:
     ref_max_score: float | None
     num_episodes: int
     num_transitions: int
+    observation_layout: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    """A Dict observation space flattened: its keys (nested ones as `outer/inner`) in the
+    order their values are concatenated, each with its shape; None for a flat Box (and in
+    checkpoints written before Dict spaces were read)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DatasetInfo:
+        """The inverse of `to_dict`; a field that an older checkpoint lacks keeps its default."""
+        data = dict(data)
+        layout = data.get("observation_layout")
+        if layout is not None:
+            data["observation_layout"] = tuple(
+                (str(key), tuple(int(n) for n in shape)) for key, shape in layout
+            )
+        return cls(**data)
 
     def make_env(self, **kwargs) -> gym.Env:
         """The evaluation environment of this dataset."""
@@ -86,30 +109,82 @@ def load_minari(dataset_id: str, download: bool = False) -> minari.MinariDataset
 
 
 def check_spaces(dataset_id: str, observation_space: gym.Space, action_space: gym.Space) -> None:
-    """Refuse the spaces a flat token model cannot represent, with the reason."""
-    for role, space in (("observation", observation_space), ("action", action_space)):
-        if not isinstance(space, gym.spaces.Box):
-            raise DatasetError(
-                f"dataset {dataset_id!r} has a {type(space).__name__} {role} space; only flat "
-                f"Box {role}s are supported, since every dimension becomes one token."
-            )
-        if len(space.shape) != 1:
-            raise DatasetError(
-                f"dataset {dataset_id!r} has {role}s of shape {space.shape}; only flat (1-D) "
-                f"Box {role}s are supported (images would need thousands of tokens per step)."
-            )
+    """Refuse the spaces a flat token model cannot represent, with the reason: every dimension
+    becomes one token, so observations are a 1-D Box or a Dict of them, actions a 1-D Box."""
+    if isinstance(observation_space, gym.spaces.Dict):
+        for key, space in _leaves(observation_space):
+            _check_box(dataset_id, "observation", space, key)
+    else:
+        _check_box(dataset_id, "observation", observation_space)
+    _check_box(dataset_id, "action", action_space)
+
+
+def _check_box(dataset_id: str, role: str, space: gym.Space, key: str | None = None) -> None:
+    where = "" if key is None else f" (Dict key {key!r})"
+    supported = f"only 1-D Box {role}s{' or Dicts of them' if role == 'observation' else ''}"
+    if not isinstance(space, gym.spaces.Box):
+        reason = (
+            "discrete values have no order for a token's bins"
+            if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete)
+            else "every dimension becomes one token"
+        )
+        raise DatasetError(
+            f"dataset {dataset_id!r} has a {type(space).__name__} {role} space{where}; "
+            f"{supported} are supported, since {reason}."
+        )
+    if len(space.shape) > 1 or (len(space.shape) == 0 and key is None):
+        raise DatasetError(
+            f"dataset {dataset_id!r} has {role}s of shape {space.shape}{where}; {supported} "
+            "are supported (images would need thousands of tokens per step)."
+        )
+
+
+def _leaves(space: gym.spaces.Dict, prefix: str = "") -> list[tuple[str, gym.Space]]:
+    """(key path, subspace) of every non-Dict subspace, in the order `flatten` visits them."""
+    leaves = []
+    for key, subspace in space.spaces.items():
+        path = f"{prefix}{key}"
+        if isinstance(subspace, gym.spaces.Dict):
+            leaves += _leaves(subspace, f"{path}/")
+        else:
+            leaves.append((path, subspace))
+    return leaves
+
+
+def observation_layout(space: gym.Space) -> tuple[tuple[str, tuple[int, ...]], ...] | None:
+    """The keys and shapes of a Dict observation space in flattening order; None for a Box."""
+    if not isinstance(space, gym.spaces.Dict):
+        return None
+    return tuple((key, tuple(int(n) for n in subspace.shape)) for key, subspace in _leaves(space))
+
+
+def flatten_observations(space: gym.spaces.Dict, observations: dict, rows: int) -> np.ndarray:
+    """A batch of Dict observations (each key's array has `rows` rows) as (rows, dim) float32,
+    row by row what `gymnasium.spaces.flatten(space, observation)` returns."""
+    columns = []
+    for key, _ in _leaves(space):
+        value = observations
+        for part in key.split("/"):
+            value = value[part]
+        columns.append(np.asarray(value, dtype=np.float32).reshape(rows, -1))
+    return np.concatenate(columns, axis=1)
 
 
 def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
     """Concatenate every episode of a Minari dataset; terminations and truncations kept apart."""
     dataset_id = dataset.spec.dataset_id
-    check_spaces(dataset_id, dataset.observation_space, dataset.action_space)
+    space = dataset.observation_space
+    check_spaces(dataset_id, space, dataset.action_space)
+    is_dict = isinstance(space, gym.spaces.Dict)
     observations, actions, rewards, terminated, truncated, lengths, ids = [], [], [], [], [], [], []
     for episode in dataset.iterate_episodes():
         n = len(episode.rewards)
         if n == 0:
             continue
-        observations.append(np.asarray(episode.observations[:n], dtype=np.float32))
+        if is_dict:
+            observations.append(flatten_observations(space, episode.observations, n + 1)[:n])
+        else:
+            observations.append(np.asarray(episode.observations[:n], dtype=np.float32))
         actions.append(np.asarray(episode.actions, dtype=np.float32).reshape(n, -1))
         rewards.append(np.asarray(episode.rewards, dtype=np.float32))
         term = np.zeros(n, dtype=bool)
@@ -163,6 +238,7 @@ def dataset_info(
         ref_max_score=_optional_float(metadata.get("ref_max_score")),
         num_episodes=episodes.num_episodes,
         num_transitions=episodes.num_transitions,
+        observation_layout=observation_layout(dataset.observation_space),
     )
 
 

@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.wrappers import FlattenObservation
 
-from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.data.minari_source import DatasetInfo, observation_layout
 
 
 class EnvMismatchError(ValueError):
@@ -15,12 +16,49 @@ class EnvMismatchError(ValueError):
 
 
 def make_env(info: DatasetInfo, env_id: str | None = None, **kwargs) -> Callable[[], gym.Env]:
-    """A thunk building the dataset's evaluation env (or `env_id`), CleanRL style."""
+    """A thunk building the dataset's evaluation env (or `env_id`), CleanRL style; a Dict env
+    comes flattened as the checkpoint's observations were (`flatten_as_trained`)."""
 
     def thunk() -> gym.Env:
-        return gym.make(env_id, **kwargs) if env_id else info.make_env(**kwargs)
+        env = gym.make(env_id, **kwargs) if env_id else info.make_env(**kwargs)
+        return flatten_as_trained(info, env)
 
     return thunk
+
+
+def flatten_as_trained(info: DatasetInfo, env: gym.Env) -> gym.Env:
+    """`env` with its observations as the checkpoint saw them: a Dict env whose keys, order
+    and shapes are the checkpoint's `observation_layout` is wrapped in gymnasium's
+    `FlattenObservation` (the same concatenation the dataset went through); a Box env is
+    returned as it is (`check_env_matches` checks its shape). A Dict env with other keys,
+    another key order or other shapes, a Dict env for a checkpoint of flat observations and a
+    Box env for a checkpoint of Dict ones are refused (EnvMismatchError, listing both sides)."""
+    layout = observation_layout(env.observation_space)
+    if layout == info.observation_layout:
+        return env if layout is None else FlattenObservation(env)
+    if layout is None:
+        found = f"{_describe(env.observation_space)} observations"
+    else:
+        found = f"Dict observations {_format_layout(layout)}"
+    wanted = (
+        f"({info.observation_dim},) Box observations"
+        if info.observation_layout is None
+        else f"Dict observations {_format_layout(info.observation_layout)}"
+    )
+    lines = [f"observations: checkpoint {wanted}, env {found}"]
+    if layout is not None and info.observation_layout is not None:
+        keys, trained = [k for k, _ in layout], [k for k, _ in info.observation_layout]
+        if sorted(keys) == sorted(trained) and keys != trained:
+            lines.append(
+                "the same keys in another order: their values would be concatenated in "
+                "another order than the model was trained on"
+            )
+    env.close()
+    raise EnvMismatchError(_mismatch(info, env.spec.id if env.spec else None, lines))
+
+
+def _format_layout(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> str:
+    return "{" + ", ".join(f"{key}: {shape}" for key, shape in layout) + "}"
 
 
 def make_vector_env(
@@ -59,12 +97,15 @@ def check_env_matches(info: DatasetInfo, env: gym.vector.VectorEnv) -> None:
             f"env [{act_space.low.tolist()}, {act_space.high.tolist()}]"
         )
     if differences:
-        env_id = env.spec.id if env.spec is not None else "the eval env"
-        raise EnvMismatchError(
-            f"the checkpoint was trained on {info.dataset_id} ({info.eval_env_id}) and does not "
-            f"fit {env_id}:\n  " + "\n  ".join(differences) + "\nEvaluate it on its own env "
-            "(leave eval.env_id unset) or train a model for this one."
-        )
+        raise EnvMismatchError(_mismatch(info, env.spec.id if env.spec else None, differences))
+
+
+def _mismatch(info: DatasetInfo, env_id: str | None, differences: list[str]) -> str:
+    return (
+        f"the checkpoint was trained on {info.dataset_id} ({info.eval_env_id}) and does not "
+        f"fit {env_id or 'the eval env'}:\n  " + "\n  ".join(differences) + "\nEvaluate it on "
+        "its own env (leave eval.env_id unset) or train a model for this one."
+    )
 
 
 def _describe(space: gym.Space) -> str:

@@ -10,6 +10,11 @@ score is the mean over its evaluation episodes).
     python scripts/results_table.py --datasets pendulum-medium --seeds 0 --episodes 5
     python scripts/results_table.py --datasets hopper-embedded-medium:0,1,2 \\
         hopper-embedded-medium-expert:0 --episodes 10   # seeds per dataset
+    python scripts/results_table.py --datasets pointmaze-umaze-paper:0,1,2 --planner paper
+
+A dataset whose episodes are not episodes of its evaluation task (pointmaze/*: each ends at a
+goal drawn at random, with a return of 1) is represented in the table by its behaviour policy's
+score in the evaluation env, which its metadata records, and the table says so.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import time
 from pathlib import Path
 
 from trajectory_transformer.checkpoint import read_payload
-from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.data.minari_source import load_episodes, load_minari
 from trajectory_transformer.scores import mean_and_stderr, normalized_score
+from trajectory_transformer.suites import pointmaze
 
 DATASET_IDS = {
     "pendulum-medium": "pendulum/medium-v0",
@@ -35,7 +41,15 @@ DATASET_IDS = {
     "hopper-embedded-medium-replay": "hopper/medium-replay-v0",
     "hopper-embedded-medium-expert": "hopper/medium-expert-v0",
     "hopper-embedded-expert": "hopper/expert-v0",
+    "pointmaze-umaze": "pointmaze/umaze-v0",
+    "pointmaze-medium": "pointmaze/medium-v0",
+    "pointmaze-large": "pointmaze/large-v0",
+    # The same datasets, trained on windows of 20 transitions for planner=paper.
+    "pointmaze-umaze-paper": "pointmaze/umaze-v0",
+    "pointmaze-medium-paper": "pointmaze/medium-v0",
 }
+BEHAVIOUR_SCORED = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}
+"""Datasets represented by their behaviour policy's score (see the module docstring)."""
 
 
 def run(command: list[str]) -> None:
@@ -96,7 +110,13 @@ def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]
 
 
 def dataset_score(dataset: str) -> float:
-    episodes, info = load_episodes(DATASET_IDS[dataset])
+    """The mean normalised score of the dataset's episodes, or for `BEHAVIOUR_SCORED` ones
+    its behaviour policy's score in the evaluation env, which their metadata records."""
+    dataset_id = DATASET_IDS[dataset]
+    if dataset_id in BEHAVIOUR_SCORED:
+        metadata = load_minari(dataset_id).storage.metadata
+        return float(metadata["behaviour_policy"]["normalized_score"])
+    episodes, info = load_episodes(dataset_id)
     scores = normalized_score(episodes.episode_returns(), info.ref_min_score, info.ref_max_score)
     return float(scores.mean())
 
@@ -165,6 +185,12 @@ def main() -> None:
         "\nNormalised scores (D4RL scale), mean ± standard error over training seeds, "
         f"{args.episodes} episodes per seed."
     )
+    behaviours = [DATASET_IDS[row[0]] for row in rows if DATASET_IDS[row[0]] in BEHAVIOUR_SCORED]
+    if behaviours:
+        note += (
+            f" Dataset mean of {', '.join(sorted(set(behaviours)))}: its behaviour policy's "
+            "score in the evaluation env (its own episodes each end at a random goal)."
+        )
     print(table + note)
     (args.out / "table.md").write_text(table + "\n" + note.strip() + "\n")
     print(f"per-seed scores: {args.out}/<dataset>/scores.json")

@@ -35,6 +35,8 @@ def test_every_dataset_config_is_there():
     expected |= {
         f"hopper-embedded-{q}" for q in ("medium", "medium-replay", "expert", "medium-expert")
     }
+    expected |= {f"pointmaze-{m}" for m in ("umaze", "medium", "large")}
+    expected |= {f"pointmaze-{m}-paper" for m in ("umaze", "medium")}
     assert set(DATASET_CONFIGS) == expected
 
 
@@ -48,6 +50,12 @@ def test_every_dataset_config_composes(name):
     elif env in ("pendulum", "reacher"):  # embedded datasets
         assert cfg.dataset.id == f"{env}/{quality}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
+    elif env == "pointmaze":  # embedded; -paper: windows that fit planner=paper
+        maze = quality.removesuffix("-paper")
+        assert cfg.dataset.id == f"pointmaze/{maze}-v0"
+        assert cfg.model.embedding_dim == 64  # the demo-sized model
+        assert cfg.trainer.max_steps == {"umaze": 4000, "medium": 6000, "large": 8000}[maze]
+        assert cfg.model.sequence_transitions == (20 if quality.endswith("-paper") else 10)
     else:
         assert cfg.dataset.id == f"mujoco/{env}/{quality}-v0"
         # The paper's settings for the MuJoCo datasets.

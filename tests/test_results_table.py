@@ -61,3 +61,25 @@ def test_an_unknown_dataset_is_refused_before_training(script, monkeypatch, caps
     with pytest.raises(SystemExit):
         script.main()
     assert "unknown dataset 'hopper-mediun'" in capsys.readouterr().err
+
+
+def test_a_maze_is_compared_with_its_behaviour_policy(script, tmp_path, monkeypatch):
+    """pointmaze/* episodes each end at a random goal (return 1): the data column is the
+    behaviour policy's score in the evaluation env, from the metadata, and the note says so."""
+    from types import SimpleNamespace
+
+    metadata = {"behaviour_policy": {"normalized_score": 77.3, "return": 137.4}}
+    dataset = SimpleNamespace(storage=SimpleNamespace(metadata=metadata))
+    monkeypatch.setattr(script, "load_minari", lambda dataset_id: dataset)
+    monkeypatch.setattr(script, "load_episodes", lambda *a: pytest.fail("episodes read"))
+    monkeypatch.setattr(script, "train", lambda d, s, run_dir, o: run_dir / "checkpoint.pt")
+    monkeypatch.setattr(
+        script, "evaluate", lambda *a: {"normalized_score_mean": 90.0, "wall_seconds": 60}
+    )
+    (tmp_path / "pointmaze-umaze").mkdir(parents=True)
+    argv = ["results_table.py", "--out", str(tmp_path), "--datasets", "pointmaze-umaze:0"]
+    monkeypatch.setattr(sys, "argv", argv)
+    script.main()
+    table = (tmp_path / "table.md").read_text()
+    assert "| pointmaze/umaze-v0 | 77.3 | 90.0 (one seed) | 90.0 (one seed) | 0 | ? + 1 |" in table
+    assert "Dataset mean of pointmaze/umaze-v0: its behaviour policy's score" in table

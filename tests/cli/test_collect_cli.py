@@ -18,3 +18,14 @@ def test_collect_refuses_other_ids():
     result = tt_collect("datasets=[mujoco/hopper/medium-v0]")
     assert result.returncode == 2
     assert "pendulum/medium-v0" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_collect_builds_a_maze_offline_and_reports_its_behaviour_policy():
+    """A PointMaze dataset builds with gymnasium-robotics alone (no download); its episodes
+    each end at a random goal, so the line also gives the behaviour policy's evaluation score."""
+    result = tt_collect("datasets=[pointmaze/umaze-v0]", "episodes=2")
+    assert result.returncode == 0, result.stderr
+    assert "pointmaze/umaze-v0: 2 episodes" in result.stdout
+    assert "behaviour policy in the evaluation env: return" in result.stdout
+    dataset = minari.load_dataset("pointmaze/umaze-v0")
+    assert set(dataset.observation_space.spaces) == {"achieved_goal", "desired_goal", "observation"}

@@ -21,7 +21,7 @@ import torch
 from trajectory_transformer import suites
 from trajectory_transformer.data.minari_source import DatasetError, load_episodes, load_minari
 from trajectory_transformer.scores import normalized_score
-from trajectory_transformer.suites import collect, hopper, pendulum, reacher
+from trajectory_transformer.suites import collect, hopper, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.actors import GaussianActor
 
 REFERENCE_EPISODES = 2  # cheap reference scores for the builds
@@ -296,8 +296,10 @@ def test_training_builds_it_on_first_use(spec, monkeypatch):
 
 
 def test_the_registry_holds_every_suite():
-    assert suites.SUITES == (pendulum.SUITE, reacher.SUITE, hopper.SUITE)
-    assert set(suites.EMBEDDED_DATASETS) == set().union(*(s.ids for s in SPECS.values()))
+    assert suites.SUITES[:3] == (pendulum.SUITE, reacher.SUITE, hopper.SUITE)
+    assert suites.SUITES[3:] == pointmaze.SUITES
+    mazes = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}  # tests/suites/test_pointmaze.py
+    assert set(suites.EMBEDDED_DATASETS) == set().union(mazes, *(s.ids for s in SPECS.values()))
     assert suites.EMBEDDED_DATASETS["reacher/medium-v0"].startswith("Reacher-v5")
 
 

@@ -27,11 +27,19 @@ def main(cfg: DictConfig) -> None:
         metadata = dataset.storage.metadata
         low, high = metadata["ref_min_score"], metadata["ref_max_score"]
         mean, stderr = mean_and_stderr(returns)
-        print(
+        line = (
             f"{dataset_id}: {dataset.total_episodes} episodes, {dataset.total_steps} steps, "
             f"return {mean:.1f} ± {stderr:.1f}, "
             f"normalised score {float(normalized_score(mean, low, high)):.1f}"
         )
+        behaviour = metadata.get("behaviour_policy")  # episodes that are not the eval task's
+        if behaviour is not None:
+            line += (
+                f" (each episode ends at a random goal); behaviour policy in the evaluation "
+                f"env: return {behaviour['return']:.1f}, normalised score "
+                f"{behaviour['normalized_score']:.1f}"
+            )
+        print(line)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,21 @@ Each suite builds its datasets locally, offline, over the shared machinery of
 metadata: :mod:`~trajectory_transformer.suites.pendulum` (``pendulum/*``, ``Pendulum-v1``) and
 :mod:`~trajectory_transformer.suites.reacher` (``reacher/*``, ``Reacher-v5``) from scripted
 controllers, :mod:`~trajectory_transformer.suites.hopper` (``hopper/*``, ``Hopper-v5``) from
-shipped SAC actors. Callers (``load_minari``, ``tt-collect``) go through this module only.
+shipped SAC actors, :mod:`~trajectory_transformer.suites.pointmaze` (``pointmaze/*``,
+gymnasium-robotics' PointMaze, Dict observations with goals; one suite per maze) from D4RL's
+maze2d waypoint controller. Callers (``load_minari``, ``tt-collect``) go through this module only.
 """
 
 from __future__ import annotations
 
 import minari
 
-from trajectory_transformer.suites import hopper, pendulum, reacher
+from trajectory_transformer.suites import hopper, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.collect import Suite
 
 __all__ = ["EMBEDDED_DATASETS", "SUITES", "build_embedded_dataset", "is_embedded", "suite_of"]
 
-SUITES: tuple[Suite, ...] = (pendulum.SUITE, reacher.SUITE, hopper.SUITE)
+SUITES: tuple[Suite, ...] = (pendulum.SUITE, reacher.SUITE, hopper.SUITE, *pointmaze.SUITES)
 
 EMBEDDED_DATASETS: dict[str, str] = {
     dataset_id: dataset.summary
@@ -49,6 +51,7 @@ def build_embedded_dataset(
 
     ``episodes`` is per behaviour policy (a medium-expert dataset holds twice as many); None
     keeps the suite's default (500 episodes for Pendulum and Reacher, a transition budget for
-    Hopper). ``seed`` is the base seed of reset seeds, action noise and the reference scores.
+    Hopper and PointMaze). ``seed`` is the base seed of reset seeds, action noise and the
+    reference scores.
     """
     return suite_of(dataset_id).build(dataset_id, overwrite=overwrite, episodes=episodes, seed=seed)

@@ -1,7 +1,7 @@
 """What every embedded suite shares: seeded rollouts of a batched policy through gymnasium
 vector envs, disjoint blocks of reset seeds, reference scores, the Minari write and the builder.
 
-A suite (``pendulum``, ``reacher``, ``hopper``) is its controllers or actors, the
+A suite (``pendulum``, ``reacher``, ``hopper``, ``pointmaze``) is its controllers or actors, the
 episodes of each policy kind, and a :class:`Suite` record of its datasets; :meth:`Suite.build`
 does the rest. The data is whatever gymnasium (and MuJoCo) compute on the machine that builds
 it: there is no second simulator to keep in step, and returns may differ between CPUs in the
@@ -22,6 +22,7 @@ import gymnasium as gym
 import minari
 import numpy as np
 from filelock import FileLock
+from gymnasium.envs.registration import EnvSpec
 from minari.data_collector import EpisodeBuffer
 from minari.namespace import create_namespace, list_local_namespaces
 from minari.storage import get_dataset_path
@@ -38,6 +39,12 @@ EVALUATION = 9
 
 Policy = Callable[[np.ndarray, np.random.Generator], np.ndarray]
 """A batched behaviour policy: ``(observations (N, obs_dim), rng) -> actions (N, act_dim)``."""
+Env = str | EnvSpec
+"""A registered env id, or a spec (an env with other settings than its registered ones)."""
+
+
+def env_name(env: Env) -> str:
+    return env.id if isinstance(env, EnvSpec) else env
 
 
 # ----------------------------------------------------------------------------- policies
@@ -69,7 +76,7 @@ class EpsilonRandomExpert:
 class Rollout:
     """Whole episodes, each with its own length ``T`` (arrays are read-only)."""
 
-    seeds: tuple[int, ...]  # the reset seed of each episode
+    seeds: tuple[int | None, ...]  # the reset seed of each episode; None: it began without one
     observations: tuple[np.ndarray, ...]  # (T + 1, obs_dim), the env's dtype
     actions: tuple[np.ndarray, ...]  # (T, act_dim) float32
     rewards: tuple[np.ndarray, ...]  # (T,) float64
@@ -97,13 +104,14 @@ class Rollout:
         columns = ("seeds", "observations", "actions", "rewards", "terminations", "truncations")
         return cls(*(tuple(itertools.chain(*(getattr(p, c) for p in parts))) for c in columns))
 
-    def buffers(self) -> list[EpisodeBuffer]:
-        """Minari episode buffers, numbered from 0 in order."""
+    def buffers(self, observation_space: gym.Space | None = None) -> list[EpisodeBuffer]:
+        """Minari episode buffers, numbered from 0 in order; flat observations of a Dict
+        ``observation_space`` become dicts again (``gymnasium.spaces.unflatten``, batched)."""
         return [
             EpisodeBuffer(
                 id=i,
                 seed=seed,
-                observations=self.observations[i],
+                observations=_unflatten(observation_space, self.observations[i]),
                 actions=self.actions[i],
                 rewards=self.rewards[i],
                 terminations=self.terminations[i],
@@ -114,8 +122,24 @@ class Rollout:
         ]
 
 
+def _unflatten(space: gym.Space | None, rows: np.ndarray) -> np.ndarray | dict:
+    """(n, flatdim) rows of a flattened Dict space as a dict of (n, *shape) arrays."""
+    if not isinstance(space, gym.spaces.Dict):
+        return rows
+    values, start = {}, 0
+    for key, subspace in space.spaces.items():
+        size = gym.spaces.flatdim(subspace)
+        block = rows[:, start : start + size]
+        if isinstance(subspace, gym.spaces.Dict):
+            values[key] = _unflatten(subspace, block)
+        else:
+            values[key] = block.reshape(len(rows), *subspace.shape).astype(subspace.dtype)
+        start += size
+    return values
+
+
 def rollout(
-    env_id: str,
+    env_id: Env,
     policy: Policy,
     seeds: Iterable[int],
     rng: np.random.Generator,
@@ -124,6 +148,7 @@ def rollout(
     transitions: int | None = None,
     max_episode_steps: int | None = None,
     fixed_length: bool = False,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] = (),
 ) -> Rollout:
     """One episode per reset seed, taken in order, ``num_envs`` stepped together in a
     synchronous vector env: an env whose episode ends starts the next seed at once, so no env
@@ -138,7 +163,8 @@ def rollout(
     seeds whose episodes hold at least ``transitions`` (by seed order, not by which episodes
     ended first, so short episodes are not favoured). ``max_episode_steps`` replaces the env's
     time limit. ``fixed_length`` asserts that every episode ran to the time limit and ended by
-    truncation (environments that never terminate).
+    truncation (environments that never terminate). ``wrappers`` wrap each env (a Dict env in
+    ``FlattenObservation``, for a policy of flat observations).
     """
     seeds = iter(seeds)
     first = [int(s) for s in itertools.islice(seeds, num_envs)]
@@ -146,7 +172,9 @@ def rollout(
         return Rollout((), (), (), (), (), ())
     n = len(first)
     limits = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
-    env = gym.make_vec(env_id, num_envs=n, vectorization_mode="sync", **limits)
+    env = gym.make_vec(
+        env_id, num_envs=n, vectorization_mode="sync", wrappers=list(wrappers) or None, **limits
+    )
     observation_dtype = env.single_observation_space.dtype
     columns: dict[int, dict[str, list]] = {}  # by reset seed, in the order they started
     playing: list[int | None] = list(first)  # the seed each env plays; None once it is idle
@@ -198,8 +226,8 @@ def rollout(
         truncations=tuple(np.asarray(columns[s]["t"], dtype=bool) for s in kept),
     )
     if fixed_length:
-        steps = max_episode_steps or gym.spec(env_id).max_episode_steps
-        _require_time_limit(result, env_id, steps)
+        spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
+        _require_time_limit(result, env_name(env_id), max_episode_steps or spec.max_episode_steps)
     return result
 
 
@@ -214,7 +242,7 @@ def _require_time_limit(result: Rollout, env_id: str, steps: int) -> None:
 
 
 def play(
-    env_id: str,
+    env_id: Env,
     policy: Policy,
     *,
     seed: int,
@@ -238,14 +266,19 @@ def play(
     return rollout(env_id, policy, seeds, rng, **options)
 
 
+def evaluation_seeds(seed: int, episodes: int) -> range:
+    """The reset seeds of the reference-score episodes of base seed ``seed``."""
+    start = seed * SEED_BLOCK + EVALUATION * KIND_BLOCK
+    return range(start, start + episodes)
+
+
 def reference_scores(
-    env_id: str, random: Policy, expert: Policy, seed: int, episodes: int, **options
+    env_id: Env, random: Policy, expert: Policy, seed: int, episodes: int, **options
 ) -> tuple[float, float]:
     """``(ref_min_score, ref_max_score)``: mean returns of the ``random`` and the ``expert``
     policy over ``episodes`` seeded evaluation episodes (the same start states for both; seeds
     disjoint from every dataset's). ``options`` go to :func:`rollout`."""
-    start = seed * SEED_BLOCK + EVALUATION * KIND_BLOCK
-    seeds = range(start, start + episodes)
+    seeds = evaluation_seeds(seed, episodes)
     rng = np.random.default_rng([seed, EVALUATION])
     low = rollout(env_id, random, seeds, rng, **options).returns.mean()
     high = rollout(env_id, expert, seeds, rng, **options).returns.mean()
@@ -279,16 +312,23 @@ def existing(dataset_id: str, overwrite: bool) -> minari.MinariDataset | None:
 def write(
     dataset_id: str,
     buffers: list[EpisodeBuffer],
-    env_id: str,
+    env_id: Env,
     algorithm_name: str,
     ref_scores: tuple[float, float],
     reference_episodes: int,
     description: str,
     namespace_description: str,
+    *,
+    eval_env: Env | None = None,
+    observation_space: gym.Space | None = None,
+    requirements: Sequence[str] = (),
+    metadata: dict | None = None,
 ) -> minari.MinariDataset:
     """A Minari dataset of ``buffers`` with reference scores, in the namespace before its first
     '/' (created with ``namespace_description`` if missing); nothing is left behind on failure.
-    Called under :func:`build_lock`, where the dataset's folder is this call's own output."""
+    Called under :func:`build_lock`, where the dataset's folder is this call's own output.
+    ``eval_env`` (default: ``env_id``) is the env its scores refer to; ``metadata`` adds keys
+    of its own to Minari's (JSON values)."""
     namespace = dataset_id.split("/")[0]
     try:
         with warnings.catch_warnings():
@@ -297,11 +337,13 @@ def write(
             if namespace not in list_local_namespaces():
                 with contextlib.suppress(ValueError):  # created concurrently
                     create_namespace(namespace, description=namespace_description)
-            return minari.create_dataset_from_buffers(
+            dataset = minari.create_dataset_from_buffers(
                 dataset_id=dataset_id,
                 buffer=buffers,
                 env=env_id,
-                eval_env=env_id,
+                eval_env=env_id if eval_env is None else eval_env,
+                observation_space=observation_space,
+                requirements=list(requirements) or None,
                 algorithm_name=algorithm_name,
                 author=AUTHOR,
                 author_email=None,
@@ -311,6 +353,9 @@ def write(
                 num_episodes_average_score=reference_episodes,
                 description=description,
             )
+            if metadata:
+                dataset.storage.update_metadata(metadata)
+            return dataset
     except BaseException:
         shutil.rmtree(get_dataset_path(dataset_id), ignore_errors=True)  # no half-written dataset
         raise
@@ -354,7 +399,7 @@ class Collected:
 class Suite:
     """What the builder needs of a suite: its env, its datasets and how to play each kind."""
 
-    env_id: str
+    env_id: Env
     datasets: dict[str, Dataset]
     episodes_of: Callable[[str, int | None, int], Rollout]
     """``(kind, episodes per policy or None for the default, seed)`` -> the kind's episodes."""
@@ -364,6 +409,14 @@ class Suite:
     namespace_description: str
     default_episodes: int | None
     reference_episodes: int = 100
+    eval_env: Env | None = None
+    """The env that agents are scored in, when it is not ``env_id`` (the collection env)."""
+    observation_space: gym.Space | None = None
+    """A Dict space whose flattened observations the rollouts hold, stored as dicts."""
+    requirements: tuple[str, ...] = ()
+    """Packages the env needs beyond gymnasium (pip-style), recorded for Minari."""
+    metadata: Callable[[Collected], dict] | None = None
+    """Metadata of a dataset's own (its recipe), beside Minari's keys."""
 
     def build(
         self,
@@ -414,13 +467,17 @@ class Suite:
         )
         return write(
             dataset_id,
-            collected.episodes.buffers(),
+            collected.episodes.buffers(self.observation_space),
             self.env_id,
             dataset.algorithm_name,
             collected.ref_scores,
             reference_episodes,
             self.describe(collected),
             self.namespace_description,
+            eval_env=self.eval_env,
+            observation_space=self.observation_space,
+            requirements=self.requirements,
+            metadata=None if self.metadata is None else self.metadata(collected),
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -152,24 +154,85 @@ def test_planner_plans_alike_with_and_without_native(kernel) -> None:
     torch.testing.assert_close(plans[True].scores, plans[False].scores, atol=1e-5, rtol=0)
 
 
-def test_a_failed_build_falls_back_with_a_warning(monkeypatch) -> None:
+def test_a_failed_build_falls_back_with_a_warning(tmp_path, monkeypatch) -> None:
     import torch.utils.cpp_extension
 
     def no_compiler(*args, **kwargs):
         raise RuntimeError("c++: not found")
 
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # no finished build to import
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     monkeypatch.setattr(native, "_module", None)
     monkeypatch.setattr(native, "_failure", None)
     with pytest.warns(RuntimeWarning, match="could not be built.*c\\+\\+: not found"):
         assert native.load() is None
     assert native.kernels() is None  # no second attempt, no second warning
+    assert not list(tmp_path.rglob("*.building-*"))  # the failed build's directory is gone
     model = tiny_gpt()
     cache = model.new_shared_prefix_cache(1, 2, 2, prefix_len=4, own_len=4)
     with torch.no_grad():
         model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
         assert not uses_native(model, cache)
         assert model.decode_step(torch.zeros(2, dtype=torch.long), cache, 4).shape == (2, 7)
+
+
+def test_weights_are_prepared_once_per_version_of_the_parameters(kernel, monkeypatch) -> None:
+    """Plan calls share the transposed weights; an in-place change of a parameter, or a
+    `load_state_dict`, makes the next decoder prepare them again and decode with them."""
+    model = tiny_gpt(3, 2, 7, sequence_transitions=4, seed=3)
+    data = np.random.default_rng(0).normal(size=(500, model.config.transition_dim))
+    planner = BeamPlanner(
+        model, Discretizer.fit(data, n_bins=7), horizon=2, beam_width=4, context_transitions=1
+    )
+    prepared = []
+    real_prepare = native._prepare
+    monkeypatch.setattr(native, "_prepare", lambda model: prepared.append(1) or real_prepare(model))
+    observations = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
+    planner.reset(3)
+    planner.plan(observations)
+    weights = native.prepared_weights(model)
+    planner.plan(observations)
+    assert native.prepared_weights(model) is weights and len(prepared) == 1
+
+    def decoded() -> torch.Tensor:
+        """Logits of a few decode steps after a prefill, with the current weights."""
+        T = model.config.transition_dim
+        cache = model.new_shared_prefix_cache(1, 2, 4, prefix_len=T, own_len=T)
+        model.prefill(torch.arange(T)[None] % 7, cache)
+        step = model.decoder(cache)
+        return torch.stack([step(torch.full((4,), i % 7), T + i) for i in range(T - 1)])
+
+    other = tiny_gpt(3, 2, 7, sequence_transitions=4, seed=4)
+    with torch.no_grad():
+        for change in (
+            lambda: model.blocks[0].mlp.c_proj.weight.mul_(torch.linspace(-20, 20, 16)[:, None]),
+            lambda: model.blocks[-1].attn.c_attn.weight[-8:].mul_(-30.0),  # values, through a view
+            lambda: model.load_state_dict(other.state_dict()),
+        ):
+            before = decoded()
+            change()
+            after = decoded()
+            assert native.prepared_weights(model) is not weights
+            weights = native.prepared_weights(model)
+            with native.native_kernels(False):
+                torch.testing.assert_close(after, decoded(), atol=1e-5, rtol=0)
+            assert (before - after).abs().max() > 1e-3
+    assert len(prepared) == 4
+
+
+@torch.inference_mode()
+def test_parameters_made_in_inference_mode_are_prepared_for_each_decoder(kernel) -> None:
+    """Such parameters keep no version counter, so nothing tells when they change."""
+    model = tiny_gpt()
+    assert native.prepared_weights(model) is not native.prepared_weights(model)
+    cache = model.new_shared_prefix_cache(1, 2, 2, prefix_len=4, own_len=4)
+    model.prefill(torch.zeros(1, 4, dtype=torch.long), cache)
+    before = model.decoder(cache)(torch.zeros(2, dtype=torch.long), 4)
+    model.blocks[0].mlp.c_proj.weight.mul_(torch.linspace(-20, 20, 16)[:, None])
+    after = model.decoder(cache)(torch.zeros(2, dtype=torch.long), 4)
+    with native.native_kernels(False):
+        torch.testing.assert_close(after, model.decoder(cache)(torch.zeros(2, dtype=torch.long), 4))
+    assert (before - after).abs().max() > 1e-3
 
 
 @torch.no_grad()
@@ -187,48 +250,86 @@ def test_native_decoder_refuses_what_the_cache_cannot_hold(kernel) -> None:
         step(torch.zeros(2, dtype=torch.long), 3)
 
 
-def test_a_stale_build_lock_is_removed(tmp_path, monkeypatch) -> None:
-    import os
-    import time
+def fake_compiler(monkeypatch, then=None) -> list[str]:
+    """`cpp_extension.load` replaced by one that writes a library file into its build directory
+    (then runs `then`) and returns that directory; the directories it built in are listed."""
+    import torch.utils.cpp_extension
 
+    built = []
+
+    def load(name, sources, build_directory, **kwargs):
+        Path(build_directory, f"{name}.so").write_text("ours")
+        built.append(build_directory)
+        if then is not None:
+            then()
+        return build_directory
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", load)
+    return built
+
+
+def test_a_build_is_published_whole_then_imported(tmp_path, monkeypatch) -> None:
+    """A build runs in a directory of its own, renamed into place when it is finished; a later
+    process imports it without building. A build killed earlier blocks nothing."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    name = "trajectory_transformer_decode_test"
-    from torch.utils import cpp_extension
+    name = "trajectory_transformer_cpu_test"
+    final = native.build_directory(name)
+    assert final == tmp_path / "trajectory_transformer" / name
+    killed = final.with_name(f"{name}.building-killed")  # what a killed build leaves
+    killed.mkdir(parents=True)
+    (killed / "lock").touch()
+    built = fake_compiler(monkeypatch)
+    assert native._build_or_import(name, [], verbose=False) == built[0]
+    assert Path(built[0]).parent == final.parent and Path(built[0]) != final
+    assert (final / f"{name}.so").read_text() == "ours"
+    assert sorted(final.parent.iterdir()) == sorted([final, killed])
 
-    lock = os.path.join(cpp_extension._get_build_directory(name, verbose=False), "lock")
-    open(lock, "w").close()
-    native._clear_stale_lock(name)  # fresh: another build may hold it
-    assert os.path.exists(lock)
-    old = time.time() - 3600
-    os.utime(lock, (old, old))
-    with pytest.warns(UserWarning, match="stale build lock"):
-        native._clear_stale_lock(name)
-    assert not os.path.exists(lock)
+    imported = []
+    monkeypatch.setattr(native, "_import_library", lambda name, path: imported.append(path))
+    native._build_or_import(name, [], verbose=False)
+    assert imported == [final / f"{name}.so"] and len(built) == 1  # nothing built again
+
+
+def test_of_two_builds_at_once_the_first_finished_is_kept(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    name = "trajectory_transformer_cpu_test"
+    final = native.build_directory(name)
+
+    def another_process_finishes_first() -> None:
+        final.mkdir()
+        (final / f"{name}.so").write_text("theirs")
+
+    built = fake_compiler(monkeypatch, then=another_process_finishes_first)
+    assert native._build_or_import(name, [], verbose=False) == built[0]  # our own module
+    assert (final / f"{name}.so").read_text() == "theirs"  # theirs stays published
+    assert list(final.parent.iterdir()) == [final]  # ours is removed
 
 
 def test_checkouts_of_the_same_source_share_one_build(tmp_path, monkeypatch) -> None:
-    """torch's build file names its source by path: each checkout compiling its own copy would
-    rebuild whenever another had built last. The same source in the same environment gives the
-    same name and path; another source or another torch, another name."""
+    """The same source in the same environment gives the same name, so the same build
+    directory; another source or another torch, another name. The name says the CPU's
+    instruction set."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "extensions"))
-    paths = {}
+    names = {}
     for checkout in ("a", "b"):
         source = tmp_path / checkout / "cpu_kernels.cpp"
         source.parent.mkdir()
         source.write_bytes(native.SOURCE.read_bytes())
         monkeypatch.setattr(native, "SOURCE", source)
-        name, _ = native._build_options()
-        paths[checkout] = (name, native._source_in_build_directory(name))
-    assert paths["a"] == paths["b"]
-    copy = paths["a"][1]
-    assert copy.read_bytes() == source.read_bytes() and tmp_path / "extensions" in copy.parents
-    written = copy.stat().st_mtime_ns
-    native._source_in_build_directory(paths["a"][0])
-    assert copy.stat().st_mtime_ns == written  # untouched, so ninja has nothing to redo
+        names[checkout] = native._build_options()[0]
+    assert names["a"] == names["b"]
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    assert f"_{capability}_" in names["a"] or "_generic_" in names["a"]
+    assert tmp_path / "extensions" in native.build_directory(names["a"]).parents
 
     monkeypatch.setattr(native.torch, "__version__", "0.0.0+elsewhere")
-    assert native._build_options()[0] != paths["a"][0]  # another torch, another build
+    assert native._build_options()[0] != names["a"]  # another torch, another build
     monkeypatch.undo()
     monkeypatch.setattr(native, "SOURCE", source)
     source.write_bytes(source.read_bytes() + b"\n// changed\n")
-    assert native._build_options()[0] != paths["a"][0]  # another source, another build
+    assert native._build_options()[0] != names["a"]  # another source, another build
+
+
+def test_the_build_uses_no_fast_math() -> None:
+    """IEEE semantics in the kernels: the vector code they need is written out (see csrc)."""
+    assert not any("fast-math" in flag for flag in native._build_options()[1])

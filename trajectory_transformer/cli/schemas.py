@@ -248,13 +248,13 @@ class CollectConfig:
 
 
 AgentConfig = _schema("AgentConfig", AgentSpec, {"train": list[str], "eval": list[str]}, ("name",))
-"""One agent of a comparison: AgentSpec's overrides (comparison.py)."""
+"""One agent of a comparison: AgentSpec's overrides (comparison/protocol.py)."""
 ComparisonConfig = _schema(
     "ComparisonConfig",
     ComparisonSpec,
     {"agents": dict[str, AgentConfig], "train": list[str], "eval": list[str]},
 )
-"""The `compare` group of tt-compare: ComparisonSpec's fields (comparison.py)."""
+"""The `compare` group of tt-compare: ComparisonSpec's fields (comparison/protocol.py)."""
 
 
 @dataclass

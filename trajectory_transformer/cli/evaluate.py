@@ -128,6 +128,12 @@ def beam_planner(cfg: EvaluateConfig, device: torch.device, envs: int) -> BeamPl
             "plan's rewards and its terminal value are discounted differently",
             file=sys.stderr,
         )
+    if planner.critic is not None and planner.critic.discount != planner.config.discount:
+        print(
+            f"note: planner.discount={planner.config.discount} differs from the discount "
+            f"{planner.critic.discount} that the critic was trained with",
+            file=sys.stderr,
+        )
     return planner
 
 

@@ -1,5 +1,6 @@
 """The package's imports flow one way: scores -> suites -> data -> model -> training;
-model -> planning -> evaluation; the command line (and its configs) on top. No cycle, and no
+model -> planning -> evaluation; the critic's networks below planning, its training above
+training; the command line (and its configs) on top. No cycle, and no
 Hydra below the command line."""
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ ALLOWED = {
     "model": {"data"},
     "checkpoint": {"data", "model"},
     "training": {"data", "model"},
-    "planning": {"data", "model", "checkpoint"},
+    "critic": {"data", "model", "checkpoint", "training"},
+    "planning": {"data", "model", "checkpoint", "critic"},
     "evaluation": {"data", "model", "planning", "scores"},
     "diagnostics": {"data", "model", "checkpoint", "planning", "evaluation"},
     "viz": {"data", "model", "checkpoint", "planning", "evaluation", "diagnostics", "comparison"},

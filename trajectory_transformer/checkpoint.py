@@ -116,6 +116,12 @@ def read_payload(path: str | os.PathLike) -> dict:
             f"{path} is not a trajectory-transformer checkpoint (it holds {found}, "
             f"without a format_version)."
         )
+    if payload.get("kind") == "iql-critic":
+        raise CheckpointError(
+            f"{path} is a critic checkpoint (tt-train-critic), not a model's: tt-eval plays its "
+            "policy with planner=iql, or scores a model's beams with it with "
+            f"planner.value=critic planner.critic={path}"
+        )
     version = payload["format_version"]
     if version not in READABLE_FORMATS:
         raise CheckpointError(

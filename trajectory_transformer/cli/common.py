@@ -29,8 +29,10 @@ from trajectory_transformer.cli.schemas import (
     ModelConfig,
     PlannerSchema,
     TrainConfig,
+    TrainCriticConfig,
 )
 from trajectory_transformer.comparison.protocol import ComparisonError
+from trajectory_transformer.critic.training import CriticConfig
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.data.reference_scores import ReferenceScoreError
 from trajectory_transformer.evaluation.envs import EnvMismatchError
@@ -52,6 +54,7 @@ def register_configs() -> None:
     """Register the schemas so Hydra validates every YAML file and override against them."""
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="train_critic_schema", node=TrainCriticConfig)
     cs.store(name="collect_schema", node=CollectConfig)
     cs.store(name="evaluate_schema", node=EvaluateConfig)
     cs.store(name="compare_schema", node=CompareConfig)
@@ -60,6 +63,7 @@ def register_configs() -> None:
     cs.store(group="model", name="model_schema", node=ModelConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
     cs.store(group="planner", name="planner_schema", node=PlannerSchema)
+    cs.store(group="critic", name="critic_schema", node=CriticConfig)
 
 
 def demo_budget(dataset_id: str, steps: int) -> int | None:

@@ -8,6 +8,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
@@ -19,6 +20,7 @@ from trajectory_transformer.cli.common import (
 )
 from trajectory_transformer.cli.resources import check_planning_fits
 from trajectory_transformer.cli.schemas import EvaluateConfig
+from trajectory_transformer.critic import IQLAgent
 from trajectory_transformer.data import reference_scores
 from trajectory_transformer.evaluation import (
     EpisodeRecord,
@@ -33,26 +35,11 @@ from trajectory_transformer.planning import BeamPlanner
 def run(cfg: EvaluateConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
-    settings = OmegaConf.to_container(cfg.planner, resolve=True)
-    try:
-        planner = BeamPlanner.from_checkpoint(cfg.checkpoint, device=device, **settings)
-    except CheckpointError:
-        raise  # a missing or unreadable file says so itself
-    except ValueError as error:
-        raise ConfigError(f"planner settings do not fit this checkpoint: {error}") from None
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
-    try:
-        check_planning_fits(planner.model.config, planner.config, envs, device)
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    trained_discount, _ = value_targets_of(planner.training_config)
-    if planner.config.discount != trained_discount:
-        print(
-            f"note: planner.discount={planner.config.discount} differs from the discount "
-            f"{trained_discount} that this checkpoint's value tokens were trained with, so the "
-            "plan's rewards and its terminal value are discounted differently",
-            file=sys.stderr,
-        )
+    if cfg.planner.agent == "iql":
+        planner = iql_agent(cfg, device)
+    else:
+        planner = beam_planner(cfg, device, envs)
     info = planner.dataset
     # Settled before any env starts, so that a request that cannot be honoured fails first.
     scores, no_score_reason, warning = reference_scores.resolve(
@@ -101,7 +88,7 @@ def run(cfg: EvaluateConfig) -> dict:
         "dataset": info.dataset_id,
         "env": cfg.eval.env_id or info.eval_env_id,
         "planner_preset": preset,
-        "planner": dataclasses.asdict(planner.config),
+        "planner": planner_settings(cfg, planner),
         "eval": OmegaConf.to_container(cfg.eval, resolve=True),
         "device": str(device),
     }
@@ -118,6 +105,54 @@ def run(cfg: EvaluateConfig) -> dict:
     print(f"{info.dataset_id} | planner {preset} | {result.line()}")
     print(f"results: {run_dir / 'results.json'}, listed in {index}")
     return result.summary()
+
+
+def beam_planner(cfg: EvaluateConfig, device: torch.device, envs: int) -> BeamPlanner:
+    """The beam search over the checkpoint's model, with the planner settings of `cfg`."""
+    settings = OmegaConf.to_container(cfg.planner, resolve=True)
+    try:
+        planner = BeamPlanner.from_checkpoint(cfg.checkpoint, device=device, **settings)
+    except CheckpointError:
+        raise  # a missing or unreadable file, or a critic of another dataset, says so itself
+    except ValueError as error:
+        raise ConfigError(f"planner settings do not fit this checkpoint: {error}") from None
+    try:
+        check_planning_fits(planner.model.config, planner.config, envs, device)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    trained_discount, _ = value_targets_of(planner.training_config)
+    if planner.config.discount != trained_discount:
+        print(
+            f"note: planner.discount={planner.config.discount} differs from the discount "
+            f"{trained_discount} that this checkpoint's value tokens were trained with, so the "
+            "plan's rewards and its terminal value are discounted differently",
+            file=sys.stderr,
+        )
+    if planner.critic is not None and planner.critic.discount != planner.config.discount:
+        print(
+            f"note: planner.discount={planner.config.discount} differs from the discount "
+            f"{planner.critic.discount} that the critic was trained with",
+            file=sys.stderr,
+        )
+    return planner
+
+
+def iql_agent(cfg: EvaluateConfig, device: torch.device) -> IQLAgent:
+    """The IQL policy of the critic checkpoint given as `checkpoint`."""
+    if cfg.planner.critic is not None and cfg.planner.critic != cfg.checkpoint:
+        raise ConfigError(
+            "planner=iql plays the policy of the critic given as `checkpoint`; leave "
+            f"planner.critic unset (got {cfg.planner.critic})"
+        )
+    if cfg.eval.save_plots:
+        raise ConfigError("eval.save_plots draws a planner's searches; planner=iql has none")
+    return IQLAgent.from_checkpoint(cfg.checkpoint, device)
+
+
+def planner_settings(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> dict:
+    if isinstance(planner, IQLAgent):
+        return {"agent": "iql", "critic": str(Path(cfg.checkpoint).resolve())}
+    return dataclasses.asdict(planner.config)
 
 
 def record_evaluation(checkpoint: Path, run_dir: Path, summary: dict) -> Path:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from omegaconf import MISSING
 
 from trajectory_transformer.comparison.protocol import AgentSpec, ComparisonSpec
+from trajectory_transformer.critic.training import CriticConfig
 from trajectory_transformer.data.discretizer import BIN_VALUES, MAX_BINS, STRATEGIES
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.model.gpt import GPTConfig
@@ -158,6 +159,33 @@ class TrainConfig:
         require("", self, "seed", lambda x: x >= 0, "at least 0")
         timeout = "distributed_timeout_s"
         require("", self, timeout, lambda x: finite(x) and x > 0, "a finite number > 0")
+
+
+@dataclass
+class CriticDatasetConfig:
+    id: str = MISSING
+    """Minari dataset id, as tt-train's `dataset.id` (embedded ids are built on demand)."""
+    download: bool = False
+    """Download a remote Minari dataset that is not local (needs network access)."""
+    env_id: str | None = None
+    """Evaluation environment id recorded with the critic (its policy is evaluated there);
+    by default the dataset's own."""
+
+
+@dataclass
+class TrainCriticConfig:
+    dataset: CriticDatasetConfig = field(default_factory=CriticDatasetConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    seed: int = 0
+    """Seed of the networks' initialisation and of the batches."""
+    device: str = "auto"
+    """`auto` (cuda when available), `cpu`, `cuda`, ..."""
+    resume: str | None = None
+    """A critic.pt to continue from: networks, optimisers, batch generator and step."""
+
+    def __post_init__(self) -> None:
+        require("", self, "seed", lambda x: x >= 0, "at least 0")
 
 
 @dataclass

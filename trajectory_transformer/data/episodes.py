@@ -27,6 +27,9 @@ class Episodes:
     truncated: np.ndarray  # (N,) bool
     lengths: np.ndarray  # (E,) int64, transitions per episode
     episode_ids: np.ndarray | None = None  # (E,) the dataset's own episode ids, for messages
+    final_observations: np.ndarray | None = None
+    """(E, O) float32, the observation after each episode's last step (Minari stores it): the
+    next state of a truncated episode's last transition, which a critic bootstraps from."""
 
     def __post_init__(self) -> None:
         n = len(self.rewards)
@@ -35,6 +38,9 @@ class Episodes:
         for name in ("observations", "actions", "terminated", "truncated"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name} has {len(getattr(self, name))} rows, expected {n}")
+        finals = self.final_observations
+        if finals is not None and len(finals) != len(self.lengths):
+            raise ValueError(f"final_observations has {len(finals)} rows, not {len(self.lengths)}")
 
     @property
     def num_transitions(self) -> int:
@@ -77,7 +83,24 @@ class Episodes:
             truncated=self.truncated[rows],
             lengths=lengths.copy(),
             episode_ids=None if self.episode_ids is None else self.episode_ids[episodes],
+            final_observations=(
+                None if self.final_observations is None else self.final_observations[episodes]
+            ),
         )
+
+    def next_observations(self) -> np.ndarray:
+        """The observation that follows each step, (N, O): the next step's, and after an
+        episode's last step its final observation."""
+        if self.final_observations is None:
+            raise ValueError(
+                "these episodes carry no final observations, so the last transition of each "
+                "has no next state; load them with `episodes_from_minari`"
+            )
+        following = np.empty_like(self.observations)
+        following[:-1] = self.observations[1:]
+        ends = np.cumsum(self.lengths) - 1
+        following[ends] = self.final_observations
+        return following
 
     def split(self, fraction: float, seed: int) -> tuple[Episodes, Episodes, np.ndarray]:
         """(training, validation, validation episode indices): `fraction` of the episodes,

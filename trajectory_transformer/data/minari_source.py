@@ -176,15 +176,18 @@ def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
     space = dataset.observation_space
     check_spaces(dataset_id, space, dataset.action_space)
     is_dict = isinstance(space, gym.spaces.Dict)
-    observations, actions, rewards, terminated, truncated, lengths, ids = [], [], [], [], [], [], []
+    observations, finals, actions, rewards, terminated, truncated = [], [], [], [], [], []
+    lengths, ids = [], []
     for episode in dataset.iterate_episodes():
         n = len(episode.rewards)
         if n == 0:
             continue
         if is_dict:
-            observations.append(flatten_observations(space, episode.observations, n + 1)[:n])
+            episode_observations = flatten_observations(space, episode.observations, n + 1)
         else:
-            observations.append(np.asarray(episode.observations[:n], dtype=np.float32))
+            episode_observations = np.asarray(episode.observations, dtype=np.float32)
+        observations.append(episode_observations[:n])
+        finals.append(episode_observations[n])
         actions.append(np.asarray(episode.actions, dtype=np.float32).reshape(n, -1))
         rewards.append(np.asarray(episode.rewards, dtype=np.float32))
         term = np.zeros(n, dtype=bool)
@@ -205,6 +208,7 @@ def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
         truncated=np.concatenate(truncated),
         lengths=np.asarray(lengths, dtype=np.int64),
         episode_ids=np.asarray(ids, dtype=np.int64),
+        final_observations=np.stack(finals),
     )
     try:
         episodes.check_finite()

@@ -33,12 +33,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from trajectory_transformer.checkpoint import CheckpointError
+from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig
-from trajectory_transformer.planning.plan import Plan, build_plan
+from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
 from trajectory_transformer.planning.sampling import sample_tokens
 
 if TYPE_CHECKING:
@@ -95,11 +97,14 @@ class BeamPlanner:
         action_high: list[float] | np.ndarray | torch.Tensor | None = None,
         dataset: DatasetInfo | None = None,
         training_config: dict | None = None,
+        critic_network: IQLCritic | None = None,
         **overrides: object,
     ) -> None:
         """`dataset` and `training_config` describe where the model came from (the dataset's
         spaces and ids, the resolved tt-train config); `from_checkpoint` fills them, and
-        evaluation and figures read them. `overrides` set `PlannerConfig` fields."""
+        evaluation and figures read them. `critic_network` is the critic that `value=critic`
+        scores with, else the one `config.critic` names is loaded. `overrides` set
+        `PlannerConfig` fields."""
         self.config = (config or PlannerConfig()).with_overrides(**overrides).resolved()
         self.dataset = dataset
         self.training_config = training_config or {}
@@ -125,6 +130,7 @@ class BeamPlanner:
             )
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
+        self.critic = self._critic(critic_network)
         self.generator = torch.Generator(self.device)
         self._cache: SharedPrefixKVCache | None = None
         self.reset(1)
@@ -136,6 +142,30 @@ class BeamPlanner:
         if bound.numel() != self.action_dim:
             raise ValueError(f"action bound has {bound.numel()} entries, not {self.action_dim}")
         return bound
+
+    def _critic(self, network: IQLCritic | None) -> IQLCritic | None:
+        """The critic of `value=critic`, refused when it was trained on another dataset."""
+        c = self.config
+        if c.value != "critic":
+            return None
+        if network is None:
+            if c.critic is None:
+                raise ValueError(
+                    "planner.value=critic needs planner.critic=<path of a critic.pt>; train one "
+                    "on the model's dataset with tt-train-critic"
+                )
+            checkpoint = load_critic(c.critic, self.device)
+            if self.dataset is not None:
+                check_critic_matches(checkpoint.dataset, self.dataset, c.critic)
+            network = checkpoint.critic
+        shape = network.shape
+        if (shape.observation_dim, shape.action_dim) != (self.observation_dim, self.action_dim):
+            raise CheckpointError(
+                f"the critic takes {shape.observation_dim} observation and {shape.action_dim} "
+                f"action dimensions, the model {self.observation_dim} and {self.action_dim}; "
+                "train a critic on the model's dataset with tt-train-critic"
+            )
+        return network.to(self.device).eval()
 
     @classmethod
     def from_checkpoint(
@@ -370,11 +400,28 @@ class BeamPlanner:
         """The scoring rule, in one place: after planning transition `h`, a candidate scores
         its discounted expected rewards so far plus the discounted expected value after `h`,
         `sum_{i<=h} discount^i r_i + discount^(h+1) V_h`. Records `reward` and `value` (rows,)
-        and returns the scores (rows,)."""
+        and returns the scores (rows,).
+
+        With `value=critic` the critic's `Q(s_h, a_h)` of the transition just planned (its
+        observation and action tokens decoded) ends the score instead, and the model's
+        expected rewards before it count in the critic's units (`r' = scale * r + bias`, as
+        it was trained): `sum_{i<h} discount^i r'_i + discount^h Q(s_h, a_h)`. Q already holds
+        r_h and everything after it, so the model's value token is not used; `values`
+        records Q."""
         discount = self.config.discount
-        beams.rewards[:, h], beams.values[:, h] = reward, value
-        beams.so_far = beams.so_far + discount**h * reward
-        return beams.so_far + discount ** (h + 1) * value
+        if self.critic is None:
+            beams.rewards[:, h], beams.values[:, h] = reward, value
+            beams.so_far = beams.so_far + discount**h * reward
+            return beams.so_far + discount ** (h + 1) * value
+        T, n_obs = self.transition_dim, self.observation_dim
+        transition = beams.tokens[:, h * T : (h + 1) * T - 2]  # (rows, O + A)
+        q = critic_q(
+            self.critic, self.discretizer, transition, n_obs, self.action_low, self.action_high
+        )
+        beams.rewards[:, h], beams.values[:, h] = reward, q
+        scores = beams.so_far + discount**h * q
+        beams.so_far = beams.so_far + discount**h * self.critic.scale_rewards(reward)
+        return scores
 
     def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
         """Beam search from contexts (G, n*T + O) of one length; see the module docstring.

@@ -51,8 +51,21 @@ class PlannerConfig:
     seed: int = 0
     """Seed of the planner's random generator, re-applied by `reset` (evaluation derives one
     independent stream from it per wave of episodes)."""
+    value: str = "model"
+    """What ends a beam's score: `model`, the model's own expected value token; or `critic`,
+    an IQL critic's `Q(s_h, a_h)` of the transition just planned, with the planned rewards
+    before it in the critic's reward units (see `BeamPlanner._score`). Needs `critic`."""
+    critic: str | None = None
+    """Path of the critic.pt (tt-train-critic) that `value=critic` scores with; it must have
+    been trained on the model's dataset."""
+    agent: str = "beam"
+    """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
+    IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or
+    search (a baseline)."""
 
     TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
+    VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic")
+    AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
 
     def __post_init__(self) -> None:
         for name in ("reward_token", "value_token"):
@@ -86,6 +99,10 @@ class PlannerConfig:
             raise ValueError(
                 f"planner.value_percentile must be in (0, 1) or None, got {self.value_percentile}"
             )
+        if self.value not in self.VALUES:
+            raise ValueError(f"planner.value must be model or critic, got {self.value!r}")
+        if self.agent not in self.AGENTS:
+            raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")
         if self.plan_every > self.horizon:
             raise ValueError(
                 f"planner.plan_every ({self.plan_every}) cannot exceed the horizon "

@@ -12,10 +12,11 @@ from collections.abc import Sequence
 
 import torch
 
+from trajectory_transformer.critic.model import IQLCritic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.planning.config import PlannerConfig
-from trajectory_transformer.planning.plan import Plan, build_plan
+from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
 from trajectory_transformer.planning.sampling import sample_tokens
 
 
@@ -28,14 +29,21 @@ def naive_plan(
     generator: torch.Generator | None = None,
     action_low: torch.Tensor | None = None,
     action_high: torch.Tensor | None = None,
+    critic: IQLCritic | None = None,
 ) -> Plan:
-    """Plan for each 1-D context (whole past transitions, then the current observation)."""
+    """Plan for each 1-D context (whole past transitions, then the current observation);
+    `critic` ends the scores when `config.value` is `critic` (see `BeamPlanner._score`)."""
     config = (config or PlannerConfig()).resolved()
+    if config.value == "critic" and critic is None:
+        raise ValueError("planner.value=critic: pass the critic to score with")
+    if config.value != "critic":
+        critic = None
     if isinstance(context_tokens, torch.Tensor) and context_tokens.ndim == 1:
         context_tokens = [context_tokens]
     model.eval()
     searches = [
-        _search_one(model, discretizer, context, config, generator) for context in context_tokens
+        _search_one(model, discretizer, context, config, generator, critic, action_low, action_high)
+        for context in context_tokens
     ]
     tokens, rewards, values, scores = (torch.stack(parts) for parts in zip(*searches, strict=True))
     active = torch.ones(len(searches), dtype=torch.bool, device=tokens.device)
@@ -51,6 +59,9 @@ def _search_one(
     context: torch.Tensor,
     c: PlannerConfig,
     generator: torch.Generator | None,
+    critic: IQLCritic | None,
+    action_low: torch.Tensor | None,
+    action_high: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     n_obs, n_act = model.config.observation_dim, model.config.action_dim
     T = model.config.transition_dim
@@ -81,9 +92,16 @@ def _search_one(
         logits = next_logits(sequences)
         value = expected(logits, n_obs + n_act + 1)
         sequences = torch.cat([sequences, sample(logits, "value")[:, None]], dim=1)
-        rewards[:, h], values[:, h] = reward, value
-        so_far = so_far + c.discount**h * reward
-        scores, chosen = (so_far + c.discount ** (h + 1) * value).topk(B)  # (B,)
+        if critic is None:
+            rewards[:, h], values[:, h] = reward, value
+            so_far = so_far + c.discount**h * reward
+            candidate_scores = so_far + c.discount ** (h + 1) * value
+        else:  # Q(s_h, a_h) of the transition just planned, rewards before it in its units
+            q = critic_q(critic, discretizer, sequences[:, -T:-2], n_obs, action_low, action_high)
+            rewards[:, h], values[:, h] = reward, q
+            candidate_scores = so_far + c.discount**h * q
+            so_far = so_far + c.discount**h * critic.scale_rewards(reward)
+        scores, chosen = candidate_scores.topk(B)  # (B,)
         sequences, rewards, values = sequences[chosen], rewards[chosen], values[chosen]
         so_far = so_far[chosen]
         if h == H - 1:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trajectory_transformer.critic.model import IQLCritic
 from trajectory_transformer.data.discretizer import Discretizer
 
 
@@ -26,9 +27,12 @@ class Plan:
     rewards: torch.Tensor
     """(E, beams, H) expected reward (or percentile) that the score used."""
     values: torch.Tensor
-    """(E, beams, H) expected value (or percentile) after each transition."""
+    """(E, beams, H) expected value (or percentile) after each transition; with
+    `value=critic`, the critic's Q(s_h, a_h) of each transition instead."""
     scores: torch.Tensor
-    """(E, beams) sum_h discount^h reward_h + discount^H value_{H-1}."""
+    """(E, beams) sum_h discount^h reward_h + discount^H value_{H-1}; with `value=critic`,
+    sum_{h<H-1} discount^h r'_h + discount^(H-1) Q(s_{H-1}, a_{H-1}), r' being the reward in
+    the critic's units."""
     best: torch.Tensor
     """(E,) int64 index of the best beam."""
     actions: torch.Tensor
@@ -70,3 +74,21 @@ def build_plan(
         actions=actions[rows, best],
         active=active,
     )
+
+
+def critic_q(
+    critic: IQLCritic,
+    discretizer: Discretizer,
+    tokens: torch.Tensor,
+    observation_dim: int,
+    action_low: torch.Tensor | None = None,
+    action_high: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The critic's Q (rows,) of planned transitions given as their observation and action
+    tokens (rows, O + A): decoded in one call as the plan decodes them (actions clipped to
+    their bounds), then one batched pass of the critic."""
+    decoded = discretizer.decode(tokens, slice(0, tokens.shape[-1]))  # (rows, O + A)
+    observations, actions = decoded[:, :observation_dim], decoded[:, observation_dim:]
+    if action_low is not None and action_high is not None:
+        actions = torch.maximum(torch.minimum(actions, action_high), action_low)
+    return critic.q(observations, actions)

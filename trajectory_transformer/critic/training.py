@@ -1,0 +1,404 @@
+"""Implicit Q-learning (Kostrikov et al., 2021) on a dataset's continuous transitions.
+
+Per step, on a batch drawn uniformly with replacement (IQL's, as CORL's single-file IQL):
+
+1. V by expectile regression on the target Q: `L_V = E[|tau - 1(u < 0)| u^2]`,
+   `u = min(Q1', Q2')(s, a) - V(s)`; an expectile above 0.5 leans V towards the better
+   actions of the data without ever querying an action outside it.
+2. Q1, Q2 by TD towards `r + discount * (1 - terminated) * V(s')`: a true termination has no
+   future, a truncation (a time limit, or the cut at a maze's goal) bootstraps from the
+   episode's final observation, which Minari stores.
+3. The target Q networks follow by Polyak averaging, rate `target_update_rate`.
+4. The policy by advantage-weighted regression: maximise
+   `E[min(exp(beta * (Q'(s, a) - V(s))), max_advantage_weight) log pi(a | s)]`, its
+   learning rate decaying as a cosine over the run (IQL's).
+
+Rewards are normalised as IQL does before training (`reward_scale * r + reward_bias`;
+`normalize_returns` is its rule for locomotion, 1000 / (max - min episode return)), and
+observations are standardised; both are stored with the critic.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from trajectory_transformer.critic.model import CriticShape, IQLCritic, IQLPolicy
+from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.training.schedule import (
+    RunClock,
+    cosine_learning_rate,
+    format_duration,
+    parse_duration,
+)
+
+OBSERVATION_STD_FLOOR = 1e-3  # IQL's epsilon: a constant dimension is not blown up
+
+LogFn = Callable[[dict, int], None]
+SaveFn = Callable[[dict], Path]  # save(training_state) -> the file written
+
+
+@dataclass
+class CriticConfig:
+    """IQL's hyperparameters (the paper's for locomotion; AntMaze uses expectile 0.9 and
+    beta 10) and the run's length."""
+
+    expectile: float = 0.7
+    """tau of the expectile regression of V on Q: 0.5 is the mean, near 1 the maximum."""
+    discount: float = 0.99
+    """Discount of the TD targets."""
+    target_update_rate: float = 0.005
+    """Polyak rate of the target Q networks per step."""
+    beta: float = 3.0
+    """Inverse temperature of the advantage weights of the policy's regression."""
+    max_advantage_weight: float = 100.0
+    """Advantage weights are clipped to this (IQL's)."""
+    hidden_dim: int = 256
+    """Width of every network's hidden layers."""
+    hidden_layers: int = 2
+    """Hidden layers of every network."""
+    learning_rate: float = 3e-4
+    """Adam's learning rate, for every network (the policy's decays as a cosine)."""
+    batch_size: int = 256
+    """Transitions per step."""
+    steps: int = 100_000
+    """Gradient steps (IQL trains 1M; a small maze's values settle much sooner)."""
+    reward_scale: float = 1.0
+    """Rewards are trained on as `reward_scale * r + reward_bias` (IQL's normalisation)."""
+    reward_bias: float = 0.0
+    """Added to every scaled reward (IQL's AntMaze rule is -1, for goals that terminate)."""
+    normalize_returns: bool = False
+    """IQL's locomotion rule: `reward_scale` becomes 1000 / (max - min episode return)."""
+    normalize_observations: bool = True
+    """Standardise observations by the data's mean and standard deviation."""
+    time_budget: str | None = None
+    """Wall-clock training time, e.g. `10m` (over all resumes): the run stops there."""
+    checkpoint_every: int = 5000
+    """Write `critic.pt` every this many steps (and always at the end and on Ctrl-C)."""
+    log_every: int = 500
+    """Steps between progress-bar and wandb updates."""
+
+    def __post_init__(self) -> None:
+        def require(name: str, ok: Callable[[float], bool], allowed: str) -> None:
+            value = getattr(self, name)
+            if not ok(value):
+                raise ValueError(f"critic.{name} must be {allowed}, got {value!r}")
+
+        finite = lambda x: isinstance(x, int | float) and math.isfinite(x)  # noqa: E731
+        require("expectile", lambda x: finite(x) and 0 < x < 1, "in (0, 1)")
+        require("discount", lambda x: finite(x) and 0 <= x < 1, "in [0, 1)")
+        require("target_update_rate", lambda x: finite(x) and 0 < x <= 1, "in (0, 1]")
+        for name in ("beta", "max_advantage_weight", "learning_rate", "reward_scale"):
+            require(name, lambda x: finite(x) and x > 0, "a finite number > 0")
+        require("reward_bias", finite, "a finite number")
+        for name in ("hidden_dim", "hidden_layers", "batch_size", "steps"):
+            require(name, lambda x: x >= 1, "at least 1")
+        for name in ("checkpoint_every", "log_every"):
+            require(name, lambda x: x >= 1, "at least 1")
+        if self.time_budget is not None:
+            parse_duration(self.time_budget)
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """A dataset's transitions as tensors, rewards already scaled."""
+
+    observations: torch.Tensor  # (N, O)
+    actions: torch.Tensor  # (N, A)
+    rewards: torch.Tensor  # (N,)
+    next_observations: torch.Tensor  # (N, O)
+    terminated: torch.Tensor  # (N,) 1.0 where the episode truly ended, else 0.0
+
+    def __len__(self) -> int:
+        return len(self.rewards)
+
+    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            t[rows]
+            for t in (
+                self.observations,
+                self.actions,
+                self.rewards,
+                self.next_observations,
+                self.terminated,
+            )
+        )
+
+
+def reward_normalisation(episodes: Episodes, cfg: CriticConfig) -> tuple[float, float]:
+    """(scale, bias) of the rewards the critic trains on."""
+    if not cfg.normalize_returns:
+        return cfg.reward_scale, cfg.reward_bias
+    returns = episodes.episode_returns()
+    spread = float(returns.max() - returns.min())
+    if spread <= 0:
+        raise ValueError(
+            "critic.normalize_returns divides by the spread of the episode returns, but every "
+            "episode has the same return; set critic.reward_scale instead"
+        )
+    return 1000.0 / spread, cfg.reward_bias
+
+
+def transitions_of(
+    episodes: Episodes, reward_scale: float, reward_bias: float, device: torch.device | str
+) -> Transitions:
+    """The continuous transitions (s, a, r, s', terminated) of `episodes`. Only a true
+    termination stops the bootstrap; a truncated last step keeps its final observation."""
+    rewards = reward_scale * episodes.rewards.astype(np.float32) + reward_bias
+    as_tensor = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32), device=device)  # noqa: E731
+    return Transitions(
+        observations=as_tensor(episodes.observations),
+        actions=as_tensor(episodes.actions),
+        rewards=as_tensor(rewards),
+        next_observations=as_tensor(episodes.next_observations()),
+        terminated=as_tensor(episodes.terminated),
+    )
+
+
+def expectile_loss(difference: torch.Tensor, expectile: float) -> torch.Tensor:
+    """Mean of `|expectile - 1(u < 0)| u^2` over `difference` u = target - prediction."""
+    weight = torch.where(difference < 0, 1.0 - expectile, expectile)
+    return (weight * difference.square()).mean()
+
+
+def new_critic(
+    episodes: Episodes,
+    cfg: CriticConfig,
+    action_low: list[float],
+    action_high: list[float],
+) -> tuple[IQLCritic, IQLPolicy]:
+    """Freshly initialised networks with the normalisation of `episodes`."""
+    shape = CriticShape(
+        episodes.observation_dim, episodes.action_dim, cfg.hidden_dim, cfg.hidden_layers
+    )
+    scale, bias = reward_normalisation(episodes, cfg)
+    critic = IQLCritic(shape, cfg.discount, scale, bias)
+    policy = IQLPolicy(shape, action_low, action_high)
+    if cfg.normalize_observations:
+        mean = torch.as_tensor(episodes.observations.mean(axis=0), dtype=torch.float32)
+        std = torch.as_tensor(episodes.observations.std(axis=0), dtype=torch.float32)
+        for network in (critic, policy):
+            network.observation_mean.copy_(mean)
+            network.observation_std.copy_(std.clamp_min(OBSERVATION_STD_FLOOR))
+    return critic, policy
+
+
+class StopRequests:
+    """Ctrl-C between steps, as the model's trainer handles it: the first asks to stop after
+    the step in progress (the caller then saves); a second stops at once, except while an
+    update is being applied, which is finished first, so a checkpoint never holds half a
+    step."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._applying = False
+        self._abort_after_update = False
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if not self.requested:
+                self.requested = True
+                print(
+                    "\nstopping after this step to write a checkpoint (Ctrl-C again: at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            elif self._applying:
+                self._abort_after_update = True
+            else:
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def applying(self) -> Iterator[None]:
+        """An update applied as a unit: a second Ctrl-C meanwhile takes effect after it."""
+        self._applying = True
+        try:
+            yield
+        finally:
+            self._applying = False
+        if self._abort_after_update:
+            self._abort_after_update = False
+            raise KeyboardInterrupt
+
+
+@dataclass
+class CriticSummary:
+    steps: int
+    seconds: float
+    losses: dict[str, float]
+    checkpoint: Path | None
+    stop_reason: str
+
+    def line(self) -> str:
+        losses = " | ".join(f"{k} {v:.4f}" for k, v in self.losses.items())
+        return (
+            f"trained the critic {self.steps} steps in {self.seconds:.1f} s | {losses} | "
+            f"checkpoint {self.checkpoint}\nstopped: {self.stop_reason}"
+        )
+
+
+class CriticTrainer:
+    """Trains `critic` and `policy` on `transitions`; `save(training_state)` writes the
+    checkpoint. Resumable to the step: `state()` holds the optimisers, the batch generator and
+    the step; `load_state` restores them."""
+
+    def __init__(
+        self,
+        critic: IQLCritic,
+        policy: IQLPolicy,
+        transitions: Transitions,
+        cfg: CriticConfig,
+        save: SaveFn,
+        seed: int = 0,
+        log: LogFn | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.critic, self.policy, self.transitions, self.cfg = critic, policy, transitions, cfg
+        self.save, self.log, self.progress = save, log, progress
+        self.device = transitions.rewards.device
+        lr = cfg.learning_rate
+        self.value_optimizer = torch.optim.Adam(critic.v.parameters(), lr=lr)
+        q_parameters = [*critic.q1.parameters(), *critic.q2.parameters()]
+        self.q_optimizer = torch.optim.Adam(q_parameters, lr=lr)
+        self.policy_optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.clock = RunClock(None if cfg.time_budget is None else parse_duration(cfg.time_budget))
+        self.stops = StopRequests()
+        self.step = 0
+        self.losses: dict[str, float] = {}
+        self.saved_step: int | None = None
+
+    def train_step(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
+        """One IQL step on the transitions `rows`; returns the losses (on the device)."""
+        cfg, critic = self.cfg, self.critic
+        observations, actions, rewards, next_observations, terminated = self.transitions.batch(rows)
+        with torch.no_grad():
+            target_q = torch.minimum(*critic.twin_q(observations, actions, target=True))  # (B,)
+            next_value = critic.value(next_observations)  # (B,)
+            td_target = rewards + cfg.discount * (1.0 - terminated) * next_value
+        advantage = target_q - critic.value(observations)  # (B,)
+        value_loss = expectile_loss(advantage, cfg.expectile)
+        q1, q2 = critic.twin_q(observations, actions)
+        q_loss = (F.mse_loss(q1, td_target) + F.mse_loss(q2, td_target)) / 2
+        weights = torch.exp(cfg.beta * advantage.detach()).clamp(max=cfg.max_advantage_weight)
+        policy_loss = -(weights * self.policy.log_prob(observations, actions)).mean()
+        # The three losses touch disjoint parameters, so one backward pass serves all three.
+        for optimizer in (self.value_optimizer, self.q_optimizer, self.policy_optimizer):
+            optimizer.zero_grad(set_to_none=True)
+        (value_loss + q_loss + policy_loss).backward()
+        with self.stops.applying():
+            self.value_optimizer.step()
+            self.q_optimizer.step()
+            rate = cosine_learning_rate(cfg.learning_rate, 0.0, 0.0, self.step, cfg.steps)
+            for group in self.policy_optimizer.param_groups:
+                group["lr"] = rate
+            self.policy_optimizer.step()
+            with torch.no_grad():
+                for online, target in (
+                    (critic.q1, critic.target_q1),
+                    (critic.q2, critic.target_q2),
+                ):
+                    for p, p_target in zip(online.parameters(), target.parameters(), strict=True):
+                        p_target.lerp_(p, cfg.target_update_rate)
+            self.step += 1
+        losses = {"value_loss": value_loss, "q_loss": q_loss, "policy_loss": policy_loss}
+        return {name: loss.detach() for name, loss in losses.items()}
+
+    def state(self) -> dict:
+        return {
+            "step": self.step,
+            "value_optimizer": self.value_optimizer.state_dict(),
+            "q_optimizer": self.q_optimizer.state_dict(),
+            "policy_optimizer": self.policy_optimizer.state_dict(),
+            "generator_state": self.generator.get_state(),
+            "elapsed_seconds": self.clock.elapsed,
+            "losses": dict(self.losses),
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.value_optimizer.load_state_dict(state["value_optimizer"])
+        self.q_optimizer.load_state_dict(state["q_optimizer"])
+        self.policy_optimizer.load_state_dict(state["policy_optimizer"])
+        self.generator.set_state(state["generator_state"])
+        self.clock = RunClock(self.clock.budget, float(state.get("elapsed_seconds", 0.0)))
+        self.losses = dict(state.get("losses", {}))
+
+    def _save(self) -> Path:
+        path = self.save(self.state())
+        self.saved_step = self.step
+        return path
+
+    def train(self) -> CriticSummary:
+        cfg = self.cfg
+        self.critic.train()
+        self.policy.train()
+        start = time.perf_counter()
+        self.clock.started(self.step)
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc="critic",
+            disable=not self.progress,
+            dynamic_ncols=True,
+        )
+        try:
+            with self.stops.installed():
+                while self.step < cfg.steps and not self.clock.out_of_time:
+                    if self.stops.requested:
+                        raise KeyboardInterrupt
+                    rows = torch.randint(
+                        len(self.transitions),
+                        (cfg.batch_size,),
+                        generator=self.generator,
+                        device=self.device,
+                    )
+                    losses = self.train_step(rows)
+                    bar.update(1)
+                    self.clock.tick(time.perf_counter() - start)
+                    if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                        self.losses = {k: float(v) for k, v in losses.items()}  # a host sync
+                        fields = {k: f"{v:.4f}" for k, v in self.losses.items()}
+                        if self.clock.budget is not None:
+                            fields["left"] = format_duration(self.clock.left)
+                        bar.set_postfix(fields)
+                        if self.log is not None:
+                            self.log({f"train/{k}": v for k, v in self.losses.items()}, self.step)
+                    if self.step % cfg.checkpoint_every == 0 and self.step < cfg.steps:
+                        self._save()
+        except KeyboardInterrupt:
+            self._save()
+            raise
+        finally:
+            bar.close()
+            self.critic.eval()
+            self.policy.eval()
+        path = self._save()
+        if self.step >= cfg.steps:
+            reason = f"all {cfg.steps} planned steps were taken"
+        else:
+            reason = f"the time budget of {cfg.time_budget} was used"
+        return CriticSummary(self.step, time.perf_counter() - start, self.losses, path, reason)

@@ -25,7 +25,7 @@ ALLOWED = {
     "evaluation": {"data", "model", "planning", "scores"},
     "diagnostics": {"data", "model", "checkpoint", "planning", "evaluation"},
     "viz": {"data", "model", "checkpoint", "planning", "evaluation", "diagnostics", "comparison"},
-    "comparison": {"checkpoint"},
+    "comparison": {"checkpoint", "critic"},
 }
 COMMAND_LINE = {"cli", "__init__"}
 

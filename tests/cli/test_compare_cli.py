@@ -69,3 +69,69 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "error: compare.K must be at least 1, got 0"
+
+
+TINY_CRITIC = [
+    "critic=maze",
+    "critic.steps=4",
+    "critic.hidden_dim=8",
+    "critic.batch_size=8",
+    "critic.log_every=2",
+    "device=cpu",
+]
+"""tt-train-critic overrides for a seconds-long critic."""
+
+
+def test_four_agents_with_critics_train_each_seed_once_and_resume(tmp_path):
+    """bc, the planner scored by the model's values, the planner scored by the critic, and
+    the critic's IQL policy: one model and one critic per seed, shared by the agents that
+    use them; a re-run runs only what is not finished."""
+    create_dataset("test/tiny-v0")
+    command = [
+        "trajectory_transformer.cli.compare",
+        "compare=critic-pointmaze-medium",
+        "compare.dataset=pendulum-medium",  # the tiny dataset, its id in the train list
+        *[s for s in TINY_COMPARISON if s.startswith(("compare.train", "compare.eval"))],
+        "compare.n=1",
+        "compare.K=1",
+        "compare.B=100",
+        "compare.episodes=1",
+        "compare.critic=" + hydra_list(TINY_CRITIC),
+        f"hydra.run.dir={tmp_path}",
+    ]
+    result = run_module(*command, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "1 trainings of models and 1 of critics (3 saved by sharing checkpoints)" in (
+        result.stdout
+    )
+    assert "interim0-train: 1 train, 1 critic jobs" in result.stdout
+    assert "| planner_critic vs iql |" in result.stdout
+    state = json.loads((tmp_path / "compare.json").read_text())
+    assert state["finished"] and state["trainings_run"] == 2 and state["evaluations_run"] == 4
+    assert set(state["scores"][0]) == {"bc", "planner", "planner_critic", "iql"}
+    (critic,) = tmp_path.glob("critics/*/seed0/critic.pt")
+    (model,) = tmp_path.glob("trainings/*/seed0/checkpoint.pt")
+    evaluations = tmp_path / "evaluations"
+    settings = {
+        agent: json.loads((evaluations / agent / "seed0" / "results.json").read_text())["settings"]
+        for agent in state["scores"][0]
+    }
+    assert settings["iql"]["checkpoint"] == str(critic) and settings["iql"]["planner"] == {
+        "agent": "iql",
+        "critic": str(critic),
+    }
+    assert settings["planner_critic"]["checkpoint"] == str(model)
+    assert settings["planner_critic"]["planner"]["critic"] == str(critic)
+    assert settings["planner_critic"]["planner"]["value"] == "critic"
+    assert settings["planner"]["planner"]["value"] == "model"
+
+    # Lost: the state and one evaluation. The trainings and the other evaluations stay.
+    (tmp_path / "compare.json").unlink()
+    (evaluations / "iql" / "seed0" / "results.json").unlink()
+    kept = {path: path.stat().st_mtime_ns for path in (critic, model)}
+    again = run_module(*command, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "interim0-train:" not in again.stdout  # nothing to train
+    assert "interim0-eval: 1 eval jobs" in again.stdout
+    assert {path: path.stat().st_mtime_ns for path in kept} == kept
+    assert json.loads((tmp_path / "compare.json").read_text())["finished"]

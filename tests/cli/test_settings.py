@@ -68,6 +68,10 @@ def test_tt_collect_and_tt_compare_settings(capsys):
     assert "unknown config key compare.alpah; did you mean compare.alpha?" in rejected(
         capsys, "compare", "compare.alpah=0.1"
     )
+    agents = ("compare", "compare=critic-pointmaze-medium")
+    assert "unknown config key compare.agents.iql.needz" in rejected(
+        capsys, *agents, "compare.agents.iql.needz=[critic]"
+    )
 
 
 def test_a_good_command_line_passes_and_hydras_own_flags_are_left_to_it(capsys):

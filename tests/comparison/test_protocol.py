@@ -22,6 +22,7 @@ from trajectory_transformer.comparison.protocol import (
     Decider,
     plan_interim,
 )
+from trajectory_transformer.critic.model import CRITIC_FORMAT
 
 
 def spec(**changes) -> ComparisonSpec:
@@ -91,6 +92,55 @@ def test_independent_agents_train_and_play_seeds_of_their_own(tmp_path):
     assert "eval.seed=0" in good.args and f"eval.seed={stride}" in twin.args
 
 
+FOUR_AGENTS = (
+    AgentSpec("bc", eval=("planner=bc",)),
+    AgentSpec("planner"),
+    AgentSpec("planner_critic", needs=("model", "critic"), eval=("planner.value=critic",)),
+    AgentSpec("iql", needs=("critic",), eval=("planner=iql",)),
+)
+ON_TINY = ["dataset.id=test/tiny-v0"]
+
+
+def test_a_critic_per_seed_is_shared_by_the_agents_that_use_it(tmp_path):
+    critics = spec(agents=FOUR_AGENTS, critic=("critic=maze",))
+    interim = plan_interim(critics, 1, critics.names, tmp_path, ON_TINY)
+    kinds = [job.kind for job in interim.trainings]
+    assert kinds.count("train") == 5 and kinds.count("critic") == 5  # one of each per seed
+    assert interim.shared == (1 + 1 + 2 + 1) * 5 - 10
+    critic = interim.trainings[kinds.index("critic")]
+    assert critic.args == ["dataset.id=test/tiny-v0", "critic=maze", "seed=5"]
+    assert critic.checkpoint == Path(critic.run_dir) / "critic.pt"
+    bc, planner, scored, iql = (interim.evaluations[name][5] for name in critics.names)
+    model = bc.args[0]
+    assert model.endswith("/checkpoint.pt") and planner.args[0] == model
+    assert scored.args[:2] == [model, f"planner.critic={critic.checkpoint}"]
+    assert iql.args[0] == f"checkpoint={critic.checkpoint}"  # no model
+    assert not any(arg.startswith("planner.critic=") for arg in bc.args + planner.args + iql.args)
+
+
+def test_independent_agents_train_critics_of_their_own_and_no_model_they_do_not_need(tmp_path):
+    critics = spec(agents=FOUR_AGENTS, pairing="independent")
+    interim = plan_interim(critics, 0, critics.names, tmp_path, ON_TINY)
+    models = [job for job in interim.trainings if job.kind == "train"]
+    critic_jobs = [job for job in interim.trainings if job.kind == "critic"]
+    assert len(models) == 3 * 5 and len(critic_jobs) == 2 * 5 and interim.shared == 0
+    first_of_iql = f"seed={critics.names.index('iql') * AGENT_SEED_STRIDE}"
+    assert first_of_iql in [job.args[-1] for job in critic_jobs]
+    assert first_of_iql not in [job.args[-1] for job in models]  # iql trains no model
+    scored, played = interim.evaluations["planner_critic"][0], interim.evaluations["iql"][0]
+    assert scored.args[1].removeprefix("planner.critic=") != played.args[0].removeprefix(
+        "checkpoint="
+    )
+
+
+def test_a_state_saved_before_critics_loads_with_models_only():
+    saved = spec().to_dict()
+    del saved["critic"]
+    for agent in saved["agents"]:
+        del agent["needs"], agent["critic"]
+    assert ComparisonSpec.from_dict(saved) == spec()
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -101,6 +151,20 @@ def test_independent_agents_train_and_play_seeds_of_their_own(tmp_path):
         (dict(alpha=1.0), r"compare.alpha must be in \(0, 1\)"),
         (dict(alpha=0.0), r"compare.alpha must be in \(0, 1\)"),
         (dict(compare_to="nobody"), "compare_to='nobody' names no agent"),
+        (dict(agents=(AgentSpec("a", needs=()), AgentSpec("b"))), r"agent a: needs takes model"),
+        (
+            dict(agents=(AgentSpec("a", needs=("model", "model")), AgentSpec("b"))),
+            r"agent a: needs takes model and/or critic, got \['model', 'model'\]",
+        ),
+        (dict(agents=(AgentSpec("a", needs=("modle",)), AgentSpec("b"))), "got \\['modle'\\]"),
+        (
+            dict(agents=(AgentSpec("a", needs=("critic",), train=("seed=1",)), AgentSpec("b"))),
+            r"agent a: train overrides \['seed=1'\] for a model it does not need",
+        ),
+        (
+            dict(agents=(AgentSpec("a", critic=("critic=maze",)), AgentSpec("b"))),
+            r"agent a: critic overrides \['critic=maze'\] for a critic it does not need",
+        ),
     ],
 )
 def test_bad_settings_are_refused(changes, message):
@@ -120,7 +184,7 @@ def test_a_changed_agent_is_refused_naming_what_changed(tmp_path):
 
 # --- the command, in this process, with jobs that only pretend to train and evaluate ------
 
-TRUE_SCORES = {"planner": 90.0, "bc": 40.0, "narrow": 88.0}
+TRUE_SCORES = {"planner": 90.0, "bc": 40.0, "narrow": 88.0, "planner_critic": 95.0, "iql": 60.0}
 
 
 class PretendLauncher:
@@ -131,6 +195,7 @@ class PretendLauncher:
         self.interrupt_at = interrupt_at
         self.reference = reference  # what tt-eval names next to its scores; per agent if a dict
         self.ran: list[str] = []
+        self.jobs: list = []  # the jobs that ran
 
     def __call__(self, jobs, root, label, launcher):
         if label == self.interrupt_at:
@@ -141,6 +206,13 @@ class PretendLauncher:
             if job.kind == "train":
                 payload = {"format_version": 2, "training": {"finished": True}}
                 save_atomic(payload, folder / "checkpoint.pt")
+            elif job.kind == "critic":
+                payload = {
+                    "kind": CRITIC_FORMAT,
+                    "format_version": 1,
+                    "training": {"finished": True},
+                }
+                save_atomic(payload, folder / "critic.pt")
             else:
                 agent, seed = folder.parent.name, int(folder.name.removeprefix("seed"))
                 score = TRUE_SCORES[agent] + np.sin(seed)  # a little spread across seeds
@@ -152,6 +224,7 @@ class PretendLauncher:
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / "results.json").write_text(json.dumps(results))
             self.ran.append(job.run_dir)
+            self.jobs.append(job)
         return len(pending)
 
 
@@ -197,6 +270,81 @@ def test_an_override_that_tt_train_or_tt_eval_would_reject_stops_before_any_job(
         run_compare(tmp_path, launcher, 'compare.train=["model.width=3"]')
     with pytest.raises(ConfigError, match=r"planner\.horizon must be at least 1"):
         run_compare(tmp_path, launcher, 'compare.agents.bc.eval=["planner.horizon=0"]')
+    assert launcher.ran == [] and not (tmp_path / "compare.json").exists()
+
+
+# --- agents with critics: the shipped four-agent comparison, its jobs pretended -------------
+
+CRITICS = ["compare=critic-pointmaze-medium", "compare.n=2", "compare.K=2", "compare.B=500"]
+
+
+def test_critics_are_trained_once_per_seed_and_resumed_without_repeats(tmp_path, monkeypatch):
+    first = PretendLauncher(interrupt_at="interim1-train")
+    monkeypatch.setattr(compare_cli, "launch", first)
+    with pytest.raises(KeyboardInterrupt):
+        run_compare(tmp_path, first, *CRITICS)
+    again = PretendLauncher()
+    monkeypatch.setattr(compare_cli, "launch", again)
+    state = run_compare(tmp_path, again, *CRITICS)
+    ran = first.ran + again.ran
+    assert len(ran) == len(set(ran))  # no job ran twice
+    critics = [Path(r) for r in ran if "/critics/" in r]
+    assert len({c.parent for c in critics}) == 1  # one critic config, shared by two agents
+    assert sorted(c.name for c in critics) == [f"seed{s}" for s in range(len(critics))]
+    assert len(critics) == 2 * len(state.scores)
+    assert state.finished and state.decisions["planner_critic vs bc"] == "larger"
+    jobs = first.jobs + again.jobs
+    critic_job = next(job for job in jobs if job.kind == "critic")
+    assert critic_job.args == ["dataset.id=pointmaze/medium-v0", "critic=maze", "seed=0"]
+    by_agent = {  # the evaluations of seed 0
+        Path(job.run_dir).parent.name: job.args
+        for job in jobs
+        if job.kind == "eval" and Path(job.run_dir).name == "seed0"
+    }
+    assert f"planner.critic={critic_job.checkpoint}" in by_agent["planner_critic"]
+    assert by_agent["iql"][0] == f"checkpoint={critic_job.checkpoint}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["compare.agents.planner_critic.needs=[model]"],
+            r"agent planner_critic: its planner scores beams with the critic's values, so it "
+            r"needs \[model, critic\], not \['model'\]",
+        ),
+        (
+            ["compare.agents.iql.needs=[model,critic]"],
+            r"agent iql: planner=iql plays a critic's policy, with no model, so it needs "
+            r"\[critic\]",
+        ),
+        (
+            ["compare.agents.planner.needs=[model,critic]"],
+            r"agent planner: its planner scores beams with the model's values, so it needs "
+            r"\[model\]",
+        ),
+        (
+            ['compare.agents.planner_critic.eval=["planner.value=critic","planner.critic=c.pt"]'],
+            r"agent planner_critic: planner.critic=c.pt would score every seed with one critic",
+        ),
+        (
+            ['compare.agents.planner_critic.train=["dataset.id=pointmaze/large-v0"]'],
+            "agent planner_critic trains its model on pointmaze/large-v0, its critic on the "
+            "comparison's dataset pointmaze/medium-v0",
+        ),
+        (
+            ['compare.critic=["critic.expectile=2"]'],
+            r"agent planner_critic: tt-train-critic would reject .*critic.expectile must be in",
+        ),
+    ],
+)
+def test_an_agent_whose_evaluation_does_not_use_what_it_trains_is_refused(
+    tmp_path, monkeypatch, overrides, message
+):
+    launcher = PretendLauncher()
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    with pytest.raises(ConfigError, match=message):
+        run_compare(tmp_path, launcher, *CRITICS, *overrides)
     assert launcher.ran == [] and not (tmp_path / "compare.json").exists()
 
 

@@ -13,6 +13,7 @@ import csv
 import json
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from trajectory_transformer.cli.common import (
     override_error,
 )
 from trajectory_transformer.comparison.protocol import (
+    NEEDS,
+    AgentSpec,
     ComparisonError,
     ComparisonSpec,
     ComparisonState,
@@ -56,31 +59,70 @@ def spec_of(cfg: DictConfig) -> ComparisonSpec:
     return ComparisonSpec.from_dict(c)
 
 
-def check_agents(spec: ComparisonSpec) -> None:
-    """Compose every agent's tt-train and tt-eval configs now, so that an override they would
-    reject stops the comparison before any training; and check that every agent's scores will
-    be normalised by the same reference scores (see `reference_of`)."""
+def compose_checked(config_name: str, overrides: list[str]) -> DictConfig:
+    """A command's config as its command line would compose and check it; a ConfigError
+    otherwise."""
+    try:
+        cfg = compose(config_name, overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as error:
+        raise ConfigError(override_error(error, config_name)) from None
+    check_settings(cfg)
+    return cfg
+
+
+def comparison_dataset(spec: ComparisonSpec) -> DictConfig:
+    """The `dataset` of tt-train's config with the comparison's `dataset` preset and shared
+    `train` overrides: the one the critics train on."""
+    try:
+        cfg = compose_checked("train", [f"dataset={spec.dataset}", *spec.train, "seed=0"])
+    except ConfigError as error:
+        raise ConfigError(f"tt-train would reject the comparison's dataset: {error}") from None
+    return cfg.dataset
+
+
+def critic_dataset(dataset: DictConfig) -> list[str]:
+    """tt-train-critic's overrides that name tt-train's `dataset`."""
+    overrides = [f"dataset.id={dataset.id}"]
+    if dataset.download:
+        overrides.append("dataset.download=true")
+    if dataset.env_id is not None:
+        overrides.append(f"dataset.env_id={dataset.env_id}")
+    return overrides
+
+
+def check_agents(spec: ComparisonSpec, dataset: DictConfig) -> None:
+    """Compose every agent's tt-train, tt-train-critic and tt-eval configs now, so that an
+    override they would reject stops the comparison before any training; check that every
+    agent's evaluations use what it has trained (`check_needs`) and that its model is trained
+    on the critics' `dataset`; and that every agent's scores will be normalised by the same
+    reference scores (see `reference_of`)."""
     references, warnings = {}, set()
     for agent in spec.agents:
-        for program, name, overrides in (
-            ("tt-train", "train", [*spec.training_overrides(agent), "seed=0"]),
-            ("tt-eval", "eval", ["checkpoint=unused", *spec.eval, *agent.eval]),
-        ):
+        programs = [("tt-train", "train", [*spec.training_overrides(agent), "seed=0"])]
+        if "critic" in agent.needs:
+            critic = [*spec.critic_overrides(agent, critic_dataset(dataset)), "seed=0"]
+            programs.append(("tt-train-critic", "train_critic", critic))
+        programs.append(("tt-eval", "eval", ["checkpoint=unused", *spec.eval, *agent.eval]))
+        for program, name, overrides in programs:
             try:
-                try:
-                    cfg = compose(name, overrides)
-                except (HydraException, OmegaConfBaseException, ValueError) as error:
-                    raise ConfigError(override_error(error, name)) from None
-                check_settings(cfg)
+                cfg = compose_checked(name, overrides)
                 if name == "train":
-                    dataset = cfg.dataset
-                else:
-                    references[agent.name], warning = reference_of(cfg.eval, dataset)
+                    trained_on = cfg.dataset
+                elif name == "eval":
+                    planner = cfg.planner
+                    references[agent.name], warning = reference_of(cfg.eval, trained_on)
                     warnings.add(warning)
             except (ConfigError, ReferenceScoreError) as error:
                 raise ConfigError(
                     f"agent {agent.name}: {program} would reject {' '.join(overrides)}: {error}"
                 ) from None
+        check_needs(agent, planner)
+        if "model" in agent.needs and "critic" in agent.needs and trained_on.id != dataset.id:
+            raise ConfigError(
+                f"agent {agent.name} trains its model on {trained_on.id}, its critic on the "
+                f"comparison's dataset {dataset.id}; change the dataset in the comparison's "
+                "`dataset` or shared `train`, not per agent"
+            )
     if len(set(references.values())) > 1:
         shown = ", ".join(f"{name}: {reference}" for name, reference in references.items())
         raise ConfigError(
@@ -90,6 +132,27 @@ def check_agents(spec: ComparisonSpec) -> None:
         )
     for warning in sorted(filter(None, warnings)):
         print(warning, file=sys.stderr)
+
+
+def check_needs(agent: AgentSpec, planner: DictConfig) -> None:
+    """An agent's evaluations use exactly what it has trained: a model unless it plays the IQL
+    policy (`planner=iql`), and a critic where that policy plays or the critic scores the
+    beams (`planner.value=critic`). The critic's path is each seed's, set by tt-compare."""
+    if planner.critic is not None:
+        raise ConfigError(
+            f"agent {agent.name}: planner.critic={planner.critic} would score every seed with "
+            "one critic; drop it and add critic to the agent's needs, which trains one per seed"
+        )
+    if planner.agent == "iql":
+        used, why = {"critic"}, "planner=iql plays a critic's policy, with no model"
+    else:
+        used = {"model", "critic"} if planner.value == "critic" else {"model"}
+        why = f"its planner scores beams with the {planner.value}'s values"
+    if set(agent.needs) != used:
+        raise ConfigError(
+            f"agent {agent.name}: {why}, so it needs [{', '.join(n for n in NEEDS if n in used)}]"
+            f", not {list(agent.needs)}"
+        )
 
 
 def reference_of(eval_cfg: DictConfig, dataset: DictConfig) -> tuple[str, str | None]:
@@ -138,7 +201,8 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
         f"hydra.sweep.dir={folder}",
         *launcher,
     ]
-    print(f"{label}: {len(pending)} {pending[0].kind} jobs", flush=True)
+    kinds = Counter(job.kind for job in pending)
+    print(f"{label}: {', '.join(f'{n} {kind}' for kind, n in kinds.items())} jobs", flush=True)
     subprocess.run(command, check=False)
     failed = [job for job in pending if not job.done()]
     if failed:
@@ -152,13 +216,13 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
 
 def run_job(jobs_file: str, index: int) -> None:
     """Job mode: run job `index` of `jobs_file`, its output in `<run dir>/job.log`. A training
-    that was interrupted continues from its checkpoint."""
+    (of a model or a critic) that was interrupted continues from its checkpoint."""
     job = Job(**json.loads(Path(jobs_file).read_text())[index])
     folder = Path(job.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     args = job.command()
-    if job.kind == "train" and (folder / "checkpoint.pt").is_file():
-        args.append(f"resume={folder / 'checkpoint.pt'}")
+    if job.checkpoint is not None and job.checkpoint.is_file():
+        args.append(f"resume={job.checkpoint}")
     with open(folder / "job.log", "w") as log:
         done = subprocess.run([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -193,7 +257,8 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         spec.validate()
     except ComparisonError as error:
         raise ConfigError(str(error)) from None
-    check_agents(spec)
+    dataset = comparison_dataset(spec)
+    check_agents(spec, dataset)
     state = ComparisonState.load_or_start(root, spec)
     decider = Decider(spec, state)
     print(
@@ -202,12 +267,14 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
     )
     while not decider.finished:
         index = len(state.scores)
-        interim = plan_interim(spec, index, decider.playing(), root)
+        interim = plan_interim(spec, index, decider.playing(), root, critic_dataset(dataset))
+        critics = sum(job.kind == "critic" for job in interim.trainings)
         print(
             f"interim {index + 1}/{spec.K}: {', '.join(interim.evaluations)} on seeds "
             f"{spec.seeds(index).start}-{spec.seeds(index).stop - 1}: "
-            f"{len(interim.trainings)} trainings ({interim.shared} saved by sharing "
-            f"checkpoints), {sum(map(len, interim.evaluations.values()))} evaluations",
+            f"{len(interim.trainings) - critics} trainings of models and {critics} of critics "
+            f"({interim.shared} saved by sharing checkpoints), "
+            f"{sum(map(len, interim.evaluations.values()))} evaluations",
             flush=True,
         )
         scores, normalized, reference = run_interim(interim, root, launcher)

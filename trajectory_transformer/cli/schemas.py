@@ -96,16 +96,18 @@ class DatasetConfig:
 # documented once, where the config is used.
 def _schema(name: str, spec: type, types: dict[str, type], skip: tuple[str, ...] = ()) -> type:
     """A mutable Hydra schema with `spec`'s fields (documented there): `types` replaces a
-    field's type with a container (a list for a tuple, a dict for the agents), empty by
-    default; a field without a default is MISSING."""
+    field's type with a container (a list for a tuple, a dict for the agents), holding
+    `spec`'s default, else empty; any other field without a default is MISSING."""
     hints = typing.get_type_hints(spec)
     fields = []
     for f in dataclasses.fields(spec):
         if f.name in skip:
             continue
-        if f.name in types:  # a container: an empty one by default
+        if f.name in types:  # a container: a copy of the default, else an empty one
             kind = types[f.name]
-            fields.append((f.name, kind, field(default_factory=typing.get_origin(kind))))
+            initial = () if f.default is dataclasses.MISSING else f.default
+            make = functools.partial(typing.get_origin(kind), initial)
+            fields.append((f.name, kind, field(default_factory=make)))
         else:
             default = MISSING if f.default is dataclasses.MISSING else f.default
             fields.append((f.name, hints[f.name], field(default=default)))
@@ -275,12 +277,11 @@ class CollectConfig:
         require("", self, "seed", lambda x: x >= 0, "at least 0")
 
 
-AgentConfig = _schema("AgentConfig", AgentSpec, {"train": list[str], "eval": list[str]}, ("name",))
-"""One agent of a comparison: AgentSpec's overrides (comparison/protocol.py)."""
+OVERRIDES = {"train": list[str], "critic": list[str], "eval": list[str]}
+AgentConfig = _schema("AgentConfig", AgentSpec, {"needs": list[str], **OVERRIDES}, ("name",))
+"""One agent of a comparison: AgentSpec's needs and overrides (comparison/protocol.py)."""
 ComparisonConfig = _schema(
-    "ComparisonConfig",
-    ComparisonSpec,
-    {"agents": dict[str, AgentConfig], "train": list[str], "eval": list[str]},
+    "ComparisonConfig", ComparisonSpec, {"agents": dict[str, AgentConfig], **OVERRIDES}
 )
 """The `compare` group of tt-compare: ComparisonSpec's fields (comparison/protocol.py)."""
 

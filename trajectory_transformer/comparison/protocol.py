@@ -7,11 +7,12 @@ RL agents") is a sequential permutation test over several agents at once. At eac
 test then decides the comparisons it can (`larger`, `smaller`, or, at the last interim,
 `equal`: not told apart within this budget) with the family-wise error bounded by `alpha`.
 
-An agent is a set of tt-train overrides and a set of tt-eval overrides. Its score for one
-training seed is the mean normalised score of `episodes` evaluation episodes (the mean return
-where the dataset has no reference scores). Agents whose training overrides are the same
-share their trained checkpoints: training runs once per (training config, seed), and each
-planner variant only evaluates.
+An agent is what its evaluations need trained per seed (a model of tt-train, a critic of
+tt-train-critic, or both), the overrides of those trainings, and a set of tt-eval overrides.
+Its score for one training seed is the mean normalised score of `episodes` evaluation episodes
+(the mean return where the dataset has no reference scores). Agents whose training overrides
+are the same share their trained checkpoints: a model (or a critic) is trained once per
+(training config, seed), and each planner variant only evaluates.
 
 This module runs nothing: `cli/compare.py` launches the jobs (through Hydra's launcher) and
 calls back here. The state is plain JSON (`compare.json`); the comparator is rebuilt by
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import typing
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -36,11 +38,14 @@ from trajectory_transformer.comparison.statistics import (
     probability_of_improvement,
     stratified_bootstrap_ci,
 )
+from trajectory_transformer.critic.model import read_critic_payload
 
 STATE_FILE = "compare.json"
 EQUAL_MEANS = "not told apart within this budget"
 AGENT_SEED_STRIDE = 1_000_000
 """Under `independent` pairing, agent i trains on seeds from `i * AGENT_SEED_STRIDE` on."""
+NEEDS = ("model", "critic")
+"""What an agent's evaluations can need trained per seed."""
 
 
 class ComparisonError(ValueError):
@@ -51,11 +56,34 @@ class ComparisonError(ValueError):
 class AgentSpec:
     name: str
     """The agent's name in tables and figures."""
+    needs: tuple[str, ...] = ("model",)
+    """What is trained for it per seed: `model` (tt-train's checkpoint.pt, tt-eval's
+    `checkpoint`) and/or `critic` (tt-train-critic's critic.pt, given to tt-eval as
+    `planner.critic`, or as `checkpoint` to an agent with no model: `planner=iql`)."""
     train: tuple[str, ...] = ()
     """tt-train overrides of this agent, after the comparison's `train`, e.g.
     `[model.embedding_dim=128]`. Agents with the same training overrides share checkpoints."""
+    critic: tuple[str, ...] = ()
+    """tt-train-critic overrides of this agent, after the comparison's `critic`. Agents with
+    the same critic overrides share critics."""
     eval: tuple[str, ...] = ()
     """tt-eval overrides of this agent, after the comparison's `eval`, e.g. `[planner=bc]`."""
+
+    def check(self) -> None:
+        """Raise `ComparisonError` for needs that name nothing trainable, or overrides of a
+        training the agent does not need."""
+        needs = list(self.needs)
+        if not needs or len(set(needs)) != len(needs) or not set(needs) <= set(NEEDS):
+            raise ComparisonError(
+                f"agent {self.name}: needs takes model and/or critic, got {needs}"
+            )
+        for kind, overrides in (("model", self.train), ("critic", self.critic)):
+            if overrides and kind not in needs:
+                key = "train" if kind == "model" else "critic"
+                raise ComparisonError(
+                    f"agent {self.name}: {key} overrides {list(overrides)} for a {kind} it "
+                    f"does not need; add {kind} to its needs or drop them"
+                )
 
 
 @dataclass(frozen=True)
@@ -84,20 +112,25 @@ class ComparisonSpec:
     """tt-train overrides shared by every agent (the training budget, say)."""
     eval: tuple[str, ...] = ()
     """tt-eval overrides shared by every agent."""
+    critic: tuple[str, ...] = ()
+    """tt-train-critic overrides shared by every agent that needs a critic (e.g.
+    `[critic=maze]`); the critic's dataset is the models' (see `plan_interim`)."""
     pairing: str = "shared"
     """`shared`: agents whose training overrides are the same share their trained checkpoints
-    (seed k is one model for all of them), and every agent plays the same episode seeds. Their
-    scores on a seed are then paired samples, while AdaStop assumes independent ones: its
-    decisions keep their error bound (the test is conservative), but it may need more seeds
-    to decide. `independent`: every agent trains its own models on seeds of its own (agent i's
-    seed k is `k + i * AGENT_SEED_STRIDE`) and plays episodes of its own (seeded from
-    `i * AGENT_SEED_STRIDE`), so that its samples are independent of the others', at the cost
-    of a training per agent and seed."""
+    (seed k is one model, and one critic, for all of them), and every agent plays the same
+    episode seeds. Their scores on a seed are then paired samples, while AdaStop assumes
+    independent ones: its decisions keep their error bound (the test is conservative), but it
+    may need more seeds to decide. `independent`: every agent trains its own models and critics
+    on seeds of its own (agent i's seed k is `k + i * AGENT_SEED_STRIDE`) and plays episodes of
+    its own (seeded from `i * AGENT_SEED_STRIDE`), so that its samples are independent of the
+    others', at the cost of a training per agent and seed."""
 
     PAIRINGS: typing.ClassVar[tuple[str, ...]] = ("shared", "independent")
 
     def validate(self) -> None:
         """Raise `ComparisonError` for a comparison that cannot run, before any job."""
+        for agent in self.agents:
+            agent.check()
         names = self.names
         if len(names) < 2:
             raise ComparisonError(
@@ -139,10 +172,20 @@ class ComparisonSpec:
     def training_key(self, agent: AgentSpec) -> str:
         """Agents whose training overrides are the same share this key, and the checkpoints,
         unless each trains its own (`independent` pairing)."""
-        key = self.training_overrides(agent)
+        return self._key(agent, self.training_overrides(agent))
+
+    def critic_overrides(self, agent: AgentSpec, dataset: Sequence[str]) -> list[str]:
+        """tt-train-critic's overrides for `agent`, `dataset` naming the models' dataset."""
+        return [*dataset, *self.critic, *agent.critic]
+
+    def critic_key(self, agent: AgentSpec, dataset: Sequence[str]) -> str:
+        """As `training_key`, for critics."""
+        return self._key(agent, ["critic", *self.critic_overrides(agent, dataset)])
+
+    def _key(self, agent: AgentSpec, overrides: list[str]) -> str:
         if self.pairing == "independent":
-            key = [f"agent={agent.name}", *key]
-        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+            overrides = [f"agent={agent.name}", *overrides]
+        return hashlib.sha256(json.dumps(overrides).encode()).hexdigest()[:12]
 
     def seed_of(self, agent: AgentSpec, seed: int) -> int:
         """The training (and episode) seed that agent plays as its `seed`-th."""
@@ -160,9 +203,16 @@ class ComparisonSpec:
     @classmethod
     def from_dict(cls, data: dict) -> ComparisonSpec:
         agents = tuple(
-            AgentSpec(a["name"], tuple(a["train"]), tuple(a["eval"])) for a in data["agents"]
+            AgentSpec(
+                name=a["name"],
+                needs=tuple(a.get("needs", ("model",))),  # a state saved before critics
+                train=tuple(a["train"]),
+                critic=tuple(a.get("critic", ())),
+                eval=tuple(a["eval"]),
+            )
+            for a in data["agents"]
         )
-        lists = {key: tuple(data[key]) for key in ("train", "eval")}
+        lists = {key: tuple(data.get(key, ())) for key in ("train", "eval", "critic")}
         return cls(**{**data, "agents": agents, **lists})
 
     def differences(self, other: ComparisonSpec) -> list[str]:
@@ -183,7 +233,7 @@ class ComparisonSpec:
             else:
                 changes += [
                     f"agent {name}: {key} {list(before[name][key])} -> {list(after[name][key])}"
-                    for key in ("train", "eval")
+                    for key in ("needs", "train", "critic", "eval")
                     if before[name][key] != after[name][key]
                 ]
         if not changes and [a["name"] for a in mine["agents"]] != list(before):
@@ -193,15 +243,19 @@ class ComparisonSpec:
 
 JOB_MODULES = {
     "train": "trajectory_transformer.cli.train",
+    "critic": "trajectory_transformer.cli.train_critic",
     "eval": "trajectory_transformer.cli.evaluate",
 }
+CHECKPOINTS = {"train": "checkpoint.pt", "critic": "critic.pt"}
+"""The file each kind of training writes, and resumes from."""
 
 
 @dataclass
 class Job:
-    """One run of tt-train or tt-eval: `python -m <module> <args> hydra.run.dir=<run_dir>`."""
+    """One run of tt-train, tt-train-critic or tt-eval:
+    `python -m <module> <args> hydra.run.dir=<run_dir>`."""
 
-    kind: str  # "train" or "eval"
+    kind: str  # "train", "critic" or "eval"
     args: list[str]
     run_dir: str
 
@@ -209,24 +263,30 @@ class Job:
     def module(self) -> str:
         return JOB_MODULES[self.kind]
 
+    @property
+    def checkpoint(self) -> Path | None:
+        """The checkpoint a training writes; None for an evaluation."""
+        name = CHECKPOINTS.get(self.kind)
+        return None if name is None else Path(self.run_dir) / name
+
     def command(self) -> list[str]:
         return ["-m", self.module, *self.args, f"hydra.run.dir={self.run_dir}"]
 
     def done(self) -> bool:
         """Whether a finished result is already on disk (so the job is never run twice)."""
-        folder = Path(self.run_dir)
-        if self.kind == "eval":
-            return (folder / "results.json").is_file()
-        checkpoint = folder / "checkpoint.pt"
+        checkpoint = self.checkpoint
+        if checkpoint is None:
+            return (Path(self.run_dir) / "results.json").is_file()
         if not checkpoint.is_file():
             return False
-        training = read_payload(checkpoint)["training"]
-        return bool(training and training["finished"])
+        read = read_payload if self.kind == "train" else read_critic_payload
+        training = read(checkpoint)["training"]
+        return bool(training and training.get("finished"))
 
 
 @dataclass
 class Interim:
-    """The jobs of one interim: trainings first, then evaluations."""
+    """The jobs of one interim: trainings (models and critics) first, then evaluations."""
 
     index: int
     trainings: list[Job]
@@ -234,29 +294,54 @@ class Interim:
     shared: int  # trainings saved by sharing checkpoints between agents
 
 
-def plan_interim(spec: ComparisonSpec, index: int, playing: list[str], root: Path) -> Interim:
-    """The jobs that give every agent in `playing` its `n` scores of interim `index`."""
+def plan_interim(
+    spec: ComparisonSpec,
+    index: int,
+    playing: list[str],
+    root: Path,
+    critic_dataset: Sequence[str] = (),
+) -> Interim:
+    """The jobs that give every agent in `playing` its `n` scores of interim `index`.
+    `critic_dataset`: the tt-train-critic overrides that name the models' dataset (tt-compare
+    reads them from the tt-train config of the comparison's `dataset` and shared `train`)."""
     trainings: dict[tuple[str, int], Job] = {}
     evaluations: dict[str, dict[int, Job]] = {}
     wanted = 0
     for agent in spec.agents:
         if agent.name not in playing:
             continue
-        key = spec.training_key(agent)
         evaluations[agent.name] = {}
         for seed in spec.seeds(index):
-            wanted += 1
             own_seed = spec.seed_of(agent, seed)
-            train_dir = root / "trainings" / key / f"seed{own_seed}"
-            trainings.setdefault(
-                (key, seed),
-                Job("train", [*spec.training_overrides(agent), f"seed={own_seed}"], str(train_dir)),
-            )
+            trained: dict[str, Path] = {}  # need -> the file its training writes
+            for need in agent.needs:
+                if need == "model":
+                    key = spec.training_key(agent)
+                    job = Job(
+                        "train",
+                        [*spec.training_overrides(agent), f"seed={own_seed}"],
+                        str(root / "trainings" / key / f"seed{own_seed}"),
+                    )
+                else:
+                    key = spec.critic_key(agent, critic_dataset)
+                    job = Job(
+                        "critic",
+                        [*spec.critic_overrides(agent, critic_dataset), f"seed={own_seed}"],
+                        str(root / "critics" / key / f"seed{own_seed}"),
+                    )
+                trained[need] = trainings.setdefault((key, seed), job).checkpoint
+            wanted += len(trained)
+            if "model" in trained:
+                checkpoints = [f"checkpoint={trained['model']}"]
+                if "critic" in trained:
+                    checkpoints.append(f"planner.critic={trained['critic']}")
+            else:  # the critic's own policy (planner=iql)
+                checkpoints = [f"checkpoint={trained['critic']}"]
             episodes = [] if spec.pairing == "shared" else [f"eval.seed={own_seed - seed}"]
             evaluations[agent.name][seed] = Job(
                 "eval",
                 [
-                    f"checkpoint={train_dir / 'checkpoint.pt'}",
+                    *checkpoints,
                     f"eval.episodes={spec.episodes}",
                     "eval.progress=false",
                     *spec.eval,

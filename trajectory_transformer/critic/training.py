@@ -327,9 +327,11 @@ class CriticTrainer:
         losses = {"value_loss": value_loss, "q_loss": q_loss, "policy_loss": policy_loss}
         return {name: loss.detach() for name, loss in losses.items()}
 
-    def state(self) -> dict:
+    def state(self, finished: bool = False) -> dict:
+        """`finished`: the run ended as planned (its steps or its time budget), not by Ctrl-C."""
         return {
             "step": self.step,
+            "finished": finished,
             "value_optimizer": self.value_optimizer.state_dict(),
             "q_optimizer": self.q_optimizer.state_dict(),
             "policy_optimizer": self.policy_optimizer.state_dict(),
@@ -347,8 +349,8 @@ class CriticTrainer:
         self.clock = RunClock(self.clock.budget, float(state.get("elapsed_seconds", 0.0)))
         self.losses = dict(state.get("losses", {}))
 
-    def _save(self) -> Path:
-        path = self.save(self.state())
+    def _save(self, finished: bool = False) -> Path:
+        path = self.save(self.state(finished))
         self.saved_step = self.step
         return path
 
@@ -396,7 +398,7 @@ class CriticTrainer:
             bar.close()
             self.critic.eval()
             self.policy.eval()
-        path = self._save()
+        path = self._save(finished=True)
         if self.step >= cfg.steps:
             reason = f"all {cfg.steps} planned steps were taken"
         else:

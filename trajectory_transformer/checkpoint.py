@@ -85,27 +85,33 @@ def save_atomic(payload: dict, path: str | os.PathLike) -> Path:
     return path
 
 
-def read_payload(path: str | os.PathLike) -> dict:
-    """The stored dictionary of a checkpoint, its tensors on the CPU wherever they were saved."""
+def read_stored(path: str | os.PathLike, kind: str, missing: str) -> object:
+    """What the checkpoint file `path` stores, its tensors on the CPU wherever they were saved,
+    read without running code from it (a model's or a critic's). `kind` names what the file
+    should be in errors ("a critic checkpoint"); `missing` is the error where there is none."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(
-            f"no checkpoint at {path}; training writes one as <run dir>/checkpoint.pt."
-        )
+        raise CheckpointError(missing)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
         # torch's own message advises loading with weights_only=False: never for a file that
         # is not known, since that runs code from it.
         raise CheckpointError(
-            f"{path} is not a trajectory-transformer checkpoint (it holds Python objects that "
-            "a checkpoint never holds, so it was not loaded)."
+            f"{path} is not {kind} (it holds Python objects that a checkpoint never holds, so "
+            "it was not loaded)."
         ) from None
     except Exception as error:  # which error a damaged or foreign file raises varies by release
         raise CheckpointError(
-            f"{path} is not a trajectory-transformer checkpoint, or is damaged (torch cannot "
-            f"read it: {type(error).__name__}); use another checkpoint, or train again."
+            f"{path} is not {kind}, or is damaged (torch cannot read it: "
+            f"{type(error).__name__}); use another checkpoint, or train again."
         ) from None
+
+
+def read_payload(path: str | os.PathLike) -> dict:
+    """The stored dictionary of a checkpoint, its tensors on the CPU wherever they were saved."""
+    missing = f"no checkpoint at {path}; training writes one as <run dir>/checkpoint.pt."
+    payload = read_stored(path, "a trajectory-transformer checkpoint", missing)
     if not isinstance(payload, dict) or "format_version" not in payload:
         found = (
             f"a dict with keys {sorted(map(str, payload))[:8]}"

@@ -198,6 +198,25 @@ def test_a_critic_of_another_dataset_is_refused_in_one_line(tmp_path, tiny_datas
     assert "'test/other-v0'" in message and "tt-train-critic dataset.id=test/tiny-v0" in message
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"half a critic", r"is not a critic checkpoint, or is damaged \(torch cannot read it"),
+        (None, r"is not a critic checkpoint \(a model checkpoint of tt-train"),
+    ],
+)
+def test_a_damaged_or_foreign_file_is_refused_as_a_model_checkpoint_is(tmp_path, content, message):
+    path = tmp_path / "critic.pt"
+    if content is None:
+        save_atomic({"format_version": 2}, path)  # a model's
+    else:
+        path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=message):
+        read_critic_payload(path)
+    with pytest.raises(CheckpointError, match="no critic at"):
+        read_critic_payload(tmp_path / "missing.pt")
+
+
 CLI = [
     "dataset.id=test/tiny-v0",
     "critic.steps=6",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 from conftest import tiny_training
@@ -192,7 +194,7 @@ def test_a_first_ctrl_c_starts_the_cooldown_under_cooldown_on_interrupt(tmp_path
 
     def keep_handler():
         previous = catch()
-        handler["ctrl_c"] = trainer_module.signal.getsignal(trainer_module.signal.SIGINT)
+        handler["ctrl_c"] = signal.getsignal(signal.SIGINT)
         return previous
 
     trainer._catch_interrupt = keep_handler

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trajectory_transformer.checkpoint import CheckpointError
+from trajectory_transformer.checkpoint import CheckpointError, read_stored
 from trajectory_transformer.data.minari_source import DatasetInfo
 
 CRITIC_FORMAT = "iql-critic"
@@ -177,18 +177,8 @@ def build_critic_payload(
 
 def read_critic_payload(path: str | os.PathLike) -> dict:
     """The stored dictionary of a critic checkpoint; a CheckpointError for anything else."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(
-            f"no critic at {path}; tt-train-critic writes one as <run dir>/critic.pt."
-        )
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # foreign or damaged files raise different errors per release
-        raise CheckpointError(
-            f"{path} is not a critic checkpoint, or is damaged (torch cannot read it: "
-            f"{type(error).__name__}); train one with tt-train-critic."
-        ) from None
+    missing = f"no critic at {path}; tt-train-critic writes one as <run dir>/critic.pt."
+    payload = read_stored(path, "a critic checkpoint", missing)
     if not isinstance(payload, dict) or payload.get("kind") != CRITIC_FORMAT:
         raise CheckpointError(
             f"{path} is not a critic checkpoint (a model checkpoint of tt-train, or another "

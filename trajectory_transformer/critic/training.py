@@ -21,12 +21,8 @@ observations are standardised; both are stored with the critic.
 from __future__ import annotations
 
 import math
-import signal
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +33,7 @@ from tqdm.auto import tqdm
 
 from trajectory_transformer.critic.model import CriticShape, IQLCritic, IQLPolicy
 from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.schedule import (
     RunClock,
     cosine_learning_rate,
@@ -193,55 +190,6 @@ def new_critic(
             network.observation_mean.copy_(mean)
             network.observation_std.copy_(std.clamp_min(OBSERVATION_STD_FLOOR))
     return critic, policy
-
-
-class StopRequests:
-    """Ctrl-C between steps, as the model's trainer handles it: the first asks to stop after
-    the step in progress (the caller then saves); a second stops at once, except while an
-    update is being applied, which is finished first, so a checkpoint never holds half a
-    step."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._applying = False
-        self._abort_after_update = False
-
-    @contextmanager
-    def installed(self) -> Iterator[None]:
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum, frame):
-            if not self.requested:
-                self.requested = True
-                print(
-                    "\nstopping after this step to write a checkpoint (Ctrl-C again: at once)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            elif self._applying:
-                self._abort_after_update = True
-            else:
-                raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGINT, handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    @contextmanager
-    def applying(self) -> Iterator[None]:
-        """An update applied as a unit: a second Ctrl-C meanwhile takes effect after it."""
-        self._applying = True
-        try:
-            yield
-        finally:
-            self._applying = False
-        if self._abort_after_update:
-            self._abort_after_update = False
-            raise KeyboardInterrupt
 
 
 @dataclass

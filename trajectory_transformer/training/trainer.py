@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
@@ -27,6 +25,7 @@ from tqdm.auto import tqdm
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import TrajectoryGPT
 from trajectory_transformer.training.distributed import Distributed
+from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.schedule import (
     SCHEDULES,
     Cooldown,
@@ -50,6 +49,7 @@ TOKEN_KINDS = ("observation", "action", "reward", "value")
 class NonFiniteLossError(RuntimeError):
     """A step's loss or gradients were NaN or infinite: training stopped before applying it."""
 
+COOLDOWN_LINE = "cooling the learning rate down before stopping (Ctrl-C again: stop now)"
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
@@ -362,11 +362,10 @@ class Trainer:
         self._order_epoch = -1
         self._validation_ids = self._validation_sample()
         self._rng_at_step_start: dict | None = None  # set while a step is in progress
-        self._interrupted = False
-        self._cooldown_requested = False  # by a first Ctrl-C, under cooldown_on_interrupt
+        # Under cooldown_on_interrupt a first Ctrl-C asks for a cooldown (`stops.diverted`).
+        cooldown = COOLDOWN_LINE if cfg.cooldown_on_interrupt else None
+        self.stops = StopRequests(cooldown, announce=self.dist.is_main)
         self._cooldown_reason = ""
-        self._applying = False  # a step's update is being applied: a Ctrl-C waits for it
-        self._abort_after_update = False
 
     def _training_forward(self, model: TrajectoryGPT) -> torch.nn.Module:
         """The module that training calls: DDP around the model across ranks, compiled if
@@ -578,18 +577,6 @@ class Trainer:
             self._order_epoch = self.epoch
         return self._order
 
-    @contextlib.contextmanager
-    def _applied_whole(self) -> Iterator[None]:
-        """Apply an update as a unit: a Ctrl-C meanwhile takes effect once it is done."""
-        self._applying = True
-        try:
-            yield
-        finally:
-            self._applying = False
-        if self._abort_after_update:
-            self._abort_after_update = False
-            raise KeyboardInterrupt
-
     def train_step(self, window_ids: torch.Tensor) -> torch.Tensor:
         """One optimisation step on the given (global) batch of windows; returns this rank's
         share of the loss (on the device; the ranks' shares sum to the batch's loss)."""
@@ -609,7 +596,7 @@ class Trainer:
         if not torch.isfinite(norm):
             raise NonFiniteLossError(self._non_finite_message(loss))
         # Until here nothing of the run's state has changed; from here it changes as a whole.
-        with self._applied_whole():
+        with self.stops.applying():
             lr = self.learning_rate()
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
@@ -690,37 +677,12 @@ class Trainer:
 
     def request_stop(self) -> None:
         """Stop at the next step boundary: write a checkpoint, then raise KeyboardInterrupt."""
-        self._interrupted = True
+        self.stops.request()
 
     def _catch_interrupt(self):
-        """First Ctrl-C: stop after this step. Second: stop now, never inside an update."""
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def handler(signum, frame):
-            first = not (self._interrupted or self._cooldown_requested)
-            if first and self.cfg.cooldown_on_interrupt:
-                self._cooldown_requested = True
-                if self.dist.is_main:
-                    print(
-                        "\ncooling the learning rate down before stopping (Ctrl-C again: stop now)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            elif not self._interrupted and not self._cooldown_requested:
-                self.request_stop()
-                if self.dist.is_main:
-                    print(
-                        "\nstopping after this step to write a checkpoint (Ctrl-C again: at once)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            elif self._applying:
-                self._abort_after_update = True
-            else:
-                raise KeyboardInterrupt
-
-        return signal.signal(signal.SIGINT, handler)
+        """First Ctrl-C: stop after this step. Second: stop now, never inside an update.
+        Returns the handler it replaced."""
+        return self.stops.install()
 
     def _save(self, finished: bool = False, name: str = "checkpoint.pt") -> Path | None:
         """Every rank calls this together; rank 0 writes."""
@@ -822,10 +784,10 @@ class Trainer:
         previous_handler = self._catch_interrupt()
         try:
             while self.step < self.last_step():
-                if self.dist.any(self._interrupted):
+                if self.dist.any(self.stops.requested):
                     raise KeyboardInterrupt
                 asked = self.cfg.cooldown_on_interrupt and self.cooldown is None
-                if asked and self.dist.any(self._cooldown_requested):
+                if asked and self.dist.any(self.stops.diverted):
                     self._start_cooldown("a Ctrl-C asked for a cooldown")
                     continue
                 first = self.step_in_epoch * self.cfg.batch_size
@@ -852,8 +814,7 @@ class Trainer:
             raise
         finally:
             bar.close()
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
+            self.stops.restore(previous_handler)
         if loss is not None:
             self.last_loss = float(self.dist.sum_(loss.clone()))
         if self.cfg.schedule == "schedule_free":

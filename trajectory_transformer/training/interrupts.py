@@ -1,0 +1,81 @@
+"""Ctrl-C during a training loop, the same for the model's trainer and the critic's: a
+checkpoint never holds half a step."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+STOP_LINE = "stopping after this step to write a checkpoint (Ctrl-C again: at once)"
+
+
+class StopRequests:
+    """Ctrl-C between a training loop's steps. The first asks the loop to stop after the step
+    in progress (`requested`; the loop then saves), or, given `divert` (the line it prints),
+    asks for something else that the loop reads in `diverted` (a cooldown, say). A second
+    stops at once (KeyboardInterrupt), except while an update is being applied (`applying`),
+    which is finished first. `announce`: print (one rank of several prints)."""
+
+    def __init__(self, divert: str | None = None, announce: bool = True) -> None:
+        self.requested = False
+        self.diverted = False
+        self.divert = divert
+        self.announce = announce
+        self._applying = False
+        self._abort_after_update = False
+
+    def request(self) -> None:
+        """Stop after the step in progress, as a first Ctrl-C does."""
+        self.requested = True
+
+    def handle(self, signum: int | None = None, frame: object = None) -> None:
+        """The SIGINT handler."""
+        if not (self.requested or self.diverted):
+            if self.divert is not None:
+                self.diverted = True
+                line = self.divert
+            else:
+                self.requested = True
+                line = STOP_LINE
+            if self.announce:
+                print(f"\n{line}", file=sys.stderr, flush=True)
+        elif self._applying:
+            self._abort_after_update = True
+        else:
+            raise KeyboardInterrupt
+
+    def install(self) -> Callable | int | None:
+        """Handle SIGINT from now on; returns the handler replaced (None off the main thread,
+        where Python delivers no signals)."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        return signal.signal(signal.SIGINT, self.handle)
+
+    @staticmethod
+    def restore(previous: Callable | int | None) -> None:
+        """Give SIGINT back to the handler that `install` replaced."""
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextmanager
+    def installed(self) -> Iterator[None]:
+        previous = self.install()
+        try:
+            yield
+        finally:
+            self.restore(previous)
+
+    @contextmanager
+    def applying(self) -> Iterator[None]:
+        """An update applied as a unit: a second Ctrl-C meanwhile takes effect after it."""
+        self._applying = True
+        try:
+            yield
+        finally:
+            self._applying = False
+        if self._abort_after_update:
+            self._abort_after_update = False
+            raise KeyboardInterrupt

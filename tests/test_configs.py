@@ -121,3 +121,35 @@ def test_every_registered_schema_survives_pickling():
     assert len(stored) >= 9
     for node in stored:
         assert pickle.loads(pickle.dumps(node.node)) == node.node, node.name
+
+
+COMPARE_CONFIGS = sorted(
+    p.name.removesuffix(".yaml")
+    for p in resources.files(CONFIG_MODULE).joinpath("compare").iterdir()
+    if p.name.endswith(".yaml")
+)
+
+
+@pytest.mark.parametrize("name", COMPARE_CONFIGS)
+def test_every_compare_config_composes_and_its_agents_would_run(name):
+    """Every agent's tt-train, tt-train-critic and tt-eval configs compose and fit together,
+    as tt-compare checks them before any job (nothing runs here)."""
+    from trajectory_transformer.cli.compare import check_agents, comparison_dataset, spec_of
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        cfg = compose("compare", overrides=[f"compare={name}"])
+        reject_unknown_keys(cfg)
+        spec = spec_of(cfg.compare)
+        spec.validate()
+        check_agents(spec, comparison_dataset(spec))
+    if name.startswith("critic-"):
+        assert {agent.name: agent.needs for agent in spec.agents} == {
+            "bc": ("model",),
+            "planner": ("model",),
+            "planner_critic": ("model", "critic"),
+            "iql": ("critic",),
+        }
+        maze = name.startswith("critic-pointmaze-")
+        assert ("critic=maze" in spec.critic) == maze
+        dataset = {"critic-hopper-medium": "hopper-embedded-medium"}.get(name)
+        assert spec.dataset == (dataset or name.removeprefix("critic-"))

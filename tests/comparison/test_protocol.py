@@ -364,7 +364,9 @@ def test_reference_scores_in_the_shared_eval_list_normalise_every_agent(
     monkeypatch.setattr(compare_cli, "launch", launcher)
     settings = ["compare.n=2", "compare.K=1", "compare.B=100", "compare.dataset=hopper-medium"]
     state = run_compare(tmp_path, launcher, *settings, 'compare.eval=["eval.reference=d4rl"]')
-    assert all("eval.reference=d4rl" in job for job in _eval_args(tmp_path))
+    evaluations = [" ".join(job.args) for job in launcher.jobs if job.kind == "eval"]
+    assert len(evaluations) == 2 * len(state.spec["agents"])  # n=2 seeds per agent
+    assert all("eval.reference=d4rl" in args for args in evaluations)
     assert state.normalized and state.reference == D4RL_HOPPER
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved["reference"] == D4RL_HOPPER
@@ -388,14 +390,6 @@ def test_the_d4rl_row_of_a_local_dataset_comes_from_its_env(tmp_path, monkeypatc
     ]
     run_compare(tmp_path, launcher, *settings, 'compare.eval=["eval.reference=d4rl"]')
     assert "D4RL's hopper reference returns" in capsys.readouterr().err
-
-
-def _eval_args(root: Path) -> list[str]:
-    return [
-        " ".join(job["args"])
-        for jobs in root.glob("jobs/*-eval/jobs.json")
-        for job in json.loads(jobs.read_text())
-    ]
 
 
 @pytest.mark.parametrize(

@@ -126,6 +126,8 @@ class BeamPlanner:
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
         self.generator = torch.Generator(self.device)
+        # Device-held positions: a decode step reads its position without a host sync.
+        self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
         self.reset(1)
 
@@ -358,6 +360,10 @@ class BeamPlanner:
             )
         return self._cache
 
+    def _position(self, position: int) -> torch.Tensor:
+        """Absolute `position` as a device tensor (1,): a view, no host-to-device copy."""
+        return self._positions[position : position + 1]
+
     def _sample(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
         """Tokens of `kind` (obs, act, reward, value) under the planner's settings."""
         return sample_tokens(logits, self.generator, **self.config.sampling(kind))
@@ -394,6 +400,11 @@ class BeamPlanner:
         layout, decode = cache.layout, model.decoder(cache)  # decode(tokens, position)
         n_beams = layout.per_copy  # G * B rows hold the beams (expansion copy 0)
         n_candidates = n_beams * X  # every beam's X expansion copies
+        # Rows that decode observations. The native CPU step takes any rows, so only the beams
+        # do and their copies are refilled after; the PyTorch step keeps one shape for the
+        # whole search (one compiled graph), so every copy decodes what its beam does.
+        obs_rows = n_beams if getattr(decode, "rows_may_vary", False) else n_candidates
+        at = self._position  # absolute position -> device tensor (1,)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
         logits = logits[env_of_row]  # (rows, N)
         beams = _Beams(
@@ -411,13 +422,13 @@ class BeamPlanner:
             # Actions: every candidate samples its own, so the X copies of a beam diverge.
             for j in range(obs_dim, REWARD):
                 beams.tokens[:, column + j] = token = self._sample(logits, "act")
-                logits = decode(token, position + j)  # (rows, N)
+                logits = decode(token, at(position + j))  # (rows, N)
 
             # Reward and value: their expectations score the candidate; a token of each is
             # fed back into the sequence.
             reward = self._expected(logits, REWARD)  # (rows,)
             beams.tokens[:, column + REWARD] = token = self._sample(logits, "reward")
-            logits = decode(token, position + REWARD)
+            logits = decode(token, at(position + REWARD))
             value = self._expected(logits, VALUE)  # (rows,)
             beams.tokens[:, column + VALUE] = self._sample(logits, "value")
             candidate_scores = self._score(beams, h, reward, value)  # (rows,)
@@ -429,25 +440,24 @@ class BeamPlanner:
                 beams.select_(chosen)
                 break
             beams.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
-            # Only the planned positions move, and only on the beams: the context is shared,
-            # and the other expansion copies are refilled below.
-            cache.reorder_(chosen, position + VALUE, start=context_length)
+            # Only the planned positions move: the context is shared.
+            parent = layout.repeat(chosen, obs_rows // n_beams)  # (obs_rows,)
+            cache.reorder_(parent, position + VALUE, start=context_length)
 
-            # Next observation, on the beams only: decode the value token, then sample the O
-            # observation tokens of transition h + 1.
-            logits = decode(beams.tokens[:n_beams, column + VALUE], position + VALUE)
+            # Next observation: decode the value token, then sample the O observation tokens
+            # of transition h + 1, one draw per beam that its copies share.
+            value_tokens = beams.tokens[:obs_rows, column + VALUE].contiguous()
+            logits = decode(value_tokens, at(position + VALUE))
             next_column = column + T
             for i in range(obs_dim):
-                token = self._sample(logits[:n_beams], "obs")
-                beams.tokens[:n_beams, next_column + i] = token
-                logits = decode(token, plan_start + next_column + i)  # (beams, N)
+                token = self._sample(logits[:n_beams], "obs")  # (beams,)
+                beams.tokens[:, next_column + i] = layout.repeat(token, X)
+                logits = decode(layout.repeat(token, obs_rows // n_beams), at(position + T + i))
 
-            # Refill: the other expansion copies continue the beams from here.
-            if X > 1:
+            # Refill: where only the beams decoded, the other copies continue them from here.
+            if obs_rows < n_candidates:
                 written = plan_start + next_column + obs_dim  # positions decoded so far
                 cache.repeat_rows_(n_beams, X, written, start=context_length)
-                observation = slice(next_column, next_column + obs_dim)
-                beams.tokens[:, observation] = layout.repeat(beams.tokens[:n_beams, observation], X)
                 logits = layout.repeat(logits, X)  # (rows, N)
 
         return _Search(

@@ -3,6 +3,7 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.evaluation import (
@@ -118,7 +119,7 @@ def test_every_wave_draws_its_own_random_numbers(tiny_checkpoint):
 
     def reset_and_look(num_envs, seed=None):
         reset(num_envs, seed=seed)
-        states.append(planner.generator.get_state())
+        states.extend(generator.get_state() for generator in planner.generators)
 
     planner.reset = reset_and_look
     env = make_vector_env(planner.dataset, 2, max_episode_steps=3)
@@ -126,12 +127,11 @@ def test_every_wave_draws_its_own_random_numbers(tiny_checkpoint):
         evaluate(planner, env, episodes=6, seed=0, progress=False)
     finally:
         env.close()
-    assert len(states) == 3
+    assert len(states) == 6
     # Episode i and episode i + 2 (the same env of the next wave) are not driven by one stream.
-    assert not any(states[i].equal(states[j]) for i in range(3) for j in range(i))
-    reset(2)
-    default_stream = planner.generator.get_state()
-    assert not any(state.equal(default_stream) for state in states)
+    assert not any(states[i].equal(states[j]) for i in range(6) for j in range(i))
+    reset(2)  # without a seed, env e plays episode e: the first wave's streams
+    assert all(map(torch.equal, states[:2], [g.get_state() for g in planner.generators]))
 
 
 # --- a vector rollout of terminating envs: every episode scored once, on its own rewards ---

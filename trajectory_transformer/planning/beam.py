@@ -39,7 +39,7 @@ from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan
-from trajectory_transformer.planning.sampling import sample_tokens
+from trajectory_transformer.planning.sampling import TransitionNoise, sample_tokens
 
 if TYPE_CHECKING:
     import os
@@ -125,7 +125,6 @@ class BeamPlanner:
             )
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
-        self.generator = torch.Generator(self.device)
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
@@ -164,9 +163,8 @@ class BeamPlanner:
     # --- per-environment state ------------------------------------------------------------
 
     def reset(self, num_envs: int, seed: int | None = None) -> None:
-        """Forget every context and plan, and reseed the generator: with `config.seed`, or,
-        given `seed`, with a stream of `config.seed` of its own for that `seed`. Evaluation
-        passes each wave's first episode seed, so that its waves draw independent numbers."""
+        """Forget every context and plan, and seed every env's random stream: env e plays
+        episode `seed + e` (episode e without a `seed`), see `episode_stream`."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         if seed is not None and seed < 0:
@@ -174,11 +172,10 @@ class BeamPlanner:
         E, K, T = num_envs, self.config.context_transitions, self.transition_dim
         H, n_act = self.config.horizon, self.action_dim
         self.num_envs = E
-        if seed is None:
-            self.generator.manual_seed(self.config.seed)
-        else:
-            stream = np.random.SeedSequence([self.config.seed, seed])
-            self.generator.manual_seed(int(stream.generate_state(1, dtype=np.uint64)[0]))
+        # One generator per env: an episode's draws come from its own stream alone.
+        self.generators = [torch.Generator(self.device) for _ in range(E)]
+        for env in range(E):
+            self.generators[env].manual_seed(self.episode_stream(env + (seed or 0)))
         # Shift buffer of each env's last K real transitions, oldest first; the valid ones are
         # the last `_history[e]`.
         self._context = torch.zeros(E, K, T, dtype=torch.long, device=self.device)
@@ -189,6 +186,13 @@ class BeamPlanner:
         self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
         self._pending_envs = np.zeros(E, dtype=bool)
         self.last_plan: Plan | None = None  # the latest search of `act`, all beams
+
+    def episode_stream(self, episode: int) -> int:
+        """The seed of the random stream that plans episode `episode` (an evaluation's episode
+        seed): one of `config.seed`'s own per episode, so that episodes draw independent
+        numbers whichever env plays them."""
+        stream = np.random.SeedSequence([self.config.seed, episode])
+        return int(stream.generate_state(1, dtype=np.uint64)[0])
 
     def _as_batch(self, observations: np.ndarray | torch.Tensor) -> torch.Tensor:
         obs = torch.as_tensor(observations, dtype=torch.float32, device=self.device)
@@ -313,7 +317,8 @@ class BeamPlanner:
             index = torch.from_numpy(envs).to(self.device)
             K = c.context_transitions
             past = self._context[index, K - n :].reshape(len(envs), n * T)  # (G, n*T)
-            search = self._search(torch.cat([past, obs_tokens[index]], dim=1), cache)
+            generators = [self.generators[e] for e in envs]
+            search = self._search(torch.cat([past, obs_tokens[index]], dim=1), cache, generators)
             tokens[index] = search.tokens
             rewards[index] = search.rewards
             values[index] = search.values
@@ -364,9 +369,10 @@ class BeamPlanner:
         """Absolute `position` as a device tensor (1,): a view, no host-to-device copy."""
         return self._positions[position : position + 1]
 
-    def _sample(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
-        """Tokens of `kind` (obs, act, reward, value) under the planner's settings."""
-        return sample_tokens(logits, self.generator, **self.config.sampling(kind))
+    def _sample(self, logits: torch.Tensor, kind: str, noise: torch.Tensor | None) -> torch.Tensor:
+        """Tokens of `kind` (obs, act, reward, value) under the planner's settings, drawn with
+        `noise` (rows, N) from a `TransitionNoise`."""
+        return sample_tokens(logits, noise, **self.config.sampling(kind))
 
     def _expected(self, logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / self.config.temperature).softmax(dim=-1)
@@ -382,8 +388,11 @@ class BeamPlanner:
         beams.so_far = beams.so_far + discount**h * reward
         return beams.so_far + discount ** (h + 1) * value
 
-    def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
-        """Beam search from contexts (G, n*T + O) of one length; see the module docstring.
+    def _search(
+        self, context: torch.Tensor, cache: SharedPrefixKVCache, generators: list[torch.Generator]
+    ) -> _Search:
+        """Beam search from contexts (G, n*T + O) of one length, env g drawing its random
+        numbers from `generators[g]`; see the module docstring.
 
         Plan columns index a transition's tokens in the plan (transition h starts at column
         h * T); absolute positions are where a token sits in the model's sequence, the plan
@@ -405,6 +414,9 @@ class BeamPlanner:
         # whole search (one compiled graph), so every copy decodes what its beam does.
         obs_rows = n_beams if getattr(decode, "rows_may_vary", False) else n_candidates
         at = self._position  # absolute position -> device tensor (1,)
+        sampling = {kind: c.sampling(kind) for kind in ("obs", "act", "reward", "value")}
+        n_bins = model.config.n_bins
+        noise = TransitionNoise(sampling, act_dim, obs_dim, n_bins, G, B, X, context.device)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
         logits = logits[env_of_row]  # (rows, N)
         beams = _Beams(
@@ -418,19 +430,23 @@ class BeamPlanner:
         for h in range(H):
             column = h * T  # transition h's first plan column
             position = plan_start + column  # ... and its absolute position
+            noise.draw(generators, last=h == H - 1)
 
             # Actions: every candidate samples its own, so the X copies of a beam diverge.
             for j in range(obs_dim, REWARD):
-                beams.tokens[:, column + j] = token = self._sample(logits, "act")
+                token = self._sample(logits, "act", noise.rows("act", j - obs_dim))
+                beams.tokens[:, column + j] = token
                 logits = decode(token, at(position + j))  # (rows, N)
 
             # Reward and value: their expectations score the candidate; a token of each is
             # fed back into the sequence.
             reward = self._expected(logits, REWARD)  # (rows,)
-            beams.tokens[:, column + REWARD] = token = self._sample(logits, "reward")
+            beams.tokens[:, column + REWARD] = token = self._sample(
+                logits, "reward", noise.rows("reward")
+            )
             logits = decode(token, at(position + REWARD))
             value = self._expected(logits, VALUE)  # (rows,)
-            beams.tokens[:, column + VALUE] = self._sample(logits, "value")
+            beams.tokens[:, column + VALUE] = self._sample(logits, "value", noise.rows("value"))
             candidate_scores = self._score(beams, h, reward, value)  # (rows,)
 
             # Select: the best B of each env's X * B candidates become its beams, rows [0, G*B).
@@ -450,15 +466,17 @@ class BeamPlanner:
             logits = decode(value_tokens, at(position + VALUE))
             next_column = column + T
             for i in range(obs_dim):
-                token = self._sample(logits[:n_beams], "obs")  # (beams,)
+                token = self._sample(logits[:n_beams], "obs", noise.rows("obs", i))  # (beams,)
                 beams.tokens[:, next_column + i] = layout.repeat(token, X)
                 logits = decode(layout.repeat(token, obs_rows // n_beams), at(position + T + i))
 
             # Refill: where only the beams decoded, the other copies continue them from here.
+            # Either way every copy starts from its beam's very logits, so that copies which
+            # then draw the same tokens tie exactly, whatever rounding their rows got.
             if obs_rows < n_candidates:
                 written = plan_start + next_column + obs_dim  # positions decoded so far
                 cache.repeat_rows_(n_beams, X, written, start=context_length)
-                logits = layout.repeat(logits, X)  # (rows, N)
+            logits = layout.repeat(logits[:n_beams], X)  # (rows, N)
 
         return _Search(
             tokens=beams.tokens[:n_beams].view(G, B, H, T),

@@ -6,7 +6,7 @@ through the model once; its keys and values are cached once per environment and 
 env's beams (`SharedPrefixKVCache`), which cache only their planned positions. Per planned
 transition the beams expand, sample action, reward and value tokens, are scored by discounted
 expected reward plus the expected terminal value, and the best `beam_width` per environment
-survive to sample the next observation. Sampling stays on the device: no host sync per token,
+survive to sample the next observation. Sampling stays on the device: no host sync in a plan call,
 no tensor that grows per token, the same shapes whatever the environments are doing.
 
 Rows. The cache holds E * beam_width * n_expand rows in its `RowLayout` order, an
@@ -22,7 +22,8 @@ neither be left-aligned nor padded without changing the plan. Environments are t
 grouped by the number of past transitions they have and each group is planned on its own
 (in order of length, reusing the same cache). In lock-step vector envs all environments have
 the same history except for `context_transitions` steps after a reset, so there is almost
-always one group. Inactive environments never form a group of their own.
+always one group. Inactive environments are not planned at all (their rows of the plan stay
+zeros), so a batch with finished environments costs only the rows of the others.
 """
 
 from __future__ import annotations
@@ -301,7 +302,10 @@ class BeamPlanner:
         observations: np.ndarray | torch.Tensor,
         active: np.ndarray | torch.Tensor | None = None,
     ) -> Plan:
-        """Plan from every active env's context and current observation (E, O)."""
+        """Plan from every active env's context and current observation (E, O).
+
+        Nothing in the call waits on the device: the envs are grouped by host data, and the
+        searches write their results into preallocated tensors."""
         c = self.config
         E, B, H, T = self.num_envs, c.beam_width, c.horizon, self.transition_dim
         obs_tokens = self._encode_observations(self._as_batch(observations))  # (E, O)
@@ -323,9 +327,6 @@ class BeamPlanner:
             rewards[index] = search.rewards
             values[index] = search.values
             scores[index] = search.scores
-        inactive = torch.from_numpy(~mask).to(self.device)
-        for result in (tokens, rewards, values, scores):
-            result[inactive] = 0  # rode along in a group; their plans mean nothing
         return build_plan(
             tokens,
             rewards,
@@ -339,13 +340,9 @@ class BeamPlanner:
         )
 
     def _groups(self, mask: np.ndarray) -> dict[int, np.ndarray]:
-        """Env indices per history length; inactive envs ride along with the longest group."""
-        if not mask.any():
-            return {}
+        """Indices of the active envs per history length (host data: no device read)."""
         lengths = np.where(mask, self._history, -1)
-        longest = int(lengths.max())
-        lengths[~mask] = longest
-        return {int(n): np.flatnonzero(lengths == n) for n in np.unique(lengths)}
+        return {int(n): np.flatnonzero(lengths == n) for n in np.unique(lengths[mask])}
 
     def _get_cache(self, envs: int) -> SharedPrefixKVCache:
         """The planner's cache, reallocated only when more rows are needed.

@@ -7,7 +7,7 @@ env's beams (`SharedPrefixKVCache`), which cache only their planned positions. P
 transition the beams expand, sample action, reward and value tokens, are scored by discounted
 expected reward plus the expected terminal value, and the best `beam_width` per environment
 survive to sample the next observation. Sampling stays on the device: no host sync in a plan call,
-no tensor that grows per token, the same shapes whatever the environments are doing.
+no tensor that grows per token, the same shapes throughout a plan call.
 
 Rows. The cache holds E * beam_width * n_expand rows in its `RowLayout` order, an
 environment being a group, its beams the members and the expansion candidates the copies:
@@ -80,7 +80,8 @@ class _Search:
 class BeamPlanner:
     """Batched beam-search planner over a trained `TrajectoryGPT`.
 
-    ``reset(num_envs)``, then per step ``act(observations)`` and ``observe(rewards, dones)``;
+    ``reset(num_envs)`` (and ``reset_env(env, seed)`` as each env starts an episode), then
+    per step ``act(observations)`` and ``observe(rewards, dones)``;
     ``plan(observations)`` returns all beams without changing any state. The model is put in
     eval mode.
     """
@@ -187,6 +188,18 @@ class BeamPlanner:
         self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
         self._pending_envs = np.zeros(E, dtype=bool)
         self.last_plan: Plan | None = None  # the latest search of `act`, all beams
+
+    def reset_env(self, env: int, seed: int | None = None) -> None:
+        """Env `env` alone starts a new episode: its context and plan are forgotten, and its
+        random stream is seeded for episode `seed` (episode `env` without one); the other envs
+        carry on. Evaluation calls it with each episode's seed as a slot starts it."""
+        if not 0 <= env < self.num_envs:
+            raise ValueError(f"env {env} is not one of the planner's {self.num_envs} envs")
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        self._history[env] = 0
+        self._plan_age[env] = self.config.horizon
+        self.generators[env].manual_seed(self.episode_stream(env if seed is None else seed))
 
     def episode_stream(self, episode: int) -> int:
         """The seed of the random stream that plans episode `episode` (an evaluation's episode

@@ -155,7 +155,7 @@ def main() -> None:
         contexts = planner.context_tokens(observations)
 
         def plan() -> None:
-            naive_plan(model, discretizer, contexts, planner.config, planner.generator)
+            naive_plan(model, discretizer, contexts, planner.config, planner.generators[0])
 
     else:
 

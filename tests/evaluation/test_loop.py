@@ -33,10 +33,13 @@ class CountdownEnv(gym.Env):
 
 class RecordingAgent:
     def __init__(self):
-        self.resets, self.calls, self.dones = [], 0, []
+        self.resets, self.starts, self.calls, self.dones = [], [], 0, []
 
     def reset(self, num_envs, seed=None):
         self.resets.append((num_envs, seed))
+
+    def reset_env(self, env, seed=None):
+        self.starts.append((env, seed))
 
     def act(self, observations, active=None):
         self.calls += 1
@@ -57,7 +60,11 @@ def test_episodes_are_seeded_in_order_and_scored():
     assert by_seed == {s: float(3 + s % 4) for s in range(10, 15)}
     assert result.lengths == [int(r) for r in result.returns]
     np.testing.assert_allclose(result.normalized_scores, np.array(result.returns) * 10)
-    assert agent.resets == [(3, 10), (3, 13)]  # two waves of three envs, each its own stream
+    # Limits 5, 6, 3, 4, 5: seed 13 starts in the slot of seed 12 as soon as it ends (step 3),
+    # seed 14 in the slot of seed 10 (step 5); the run ends with seed 14, after 10 steps.
+    assert agent.resets == [(3, None)]
+    assert agent.starts == [(0, 10), (1, 11), (2, 12), (2, 13), (0, 14)]
+    assert agent.calls == 10
     assert result.env_steps == sum(result.lengths)
     summary = result.summary()
     assert summary["return_mean"] == pytest.approx(np.mean(result.returns))
@@ -65,11 +72,11 @@ def test_episodes_are_seeded_in_order_and_scored():
     assert summary["normalized_score_mean"] == pytest.approx(10 * np.mean(result.returns))
 
 
-def test_finished_envs_stay_in_the_batch_masked():
+def test_at_the_tail_finished_envs_stay_in_the_batch_masked():
     env = gym.vector.SyncVectorEnv([CountdownEnv] * 2)
     agent = RecordingAgent()
     result = evaluate(agent, env, episodes=2, seed=0, progress=False)  # limits 3 and 4
-    assert agent.calls == 4  # the batch keeps going until the longest episode ends
+    assert agent.calls == 4  # no episode left to start: the batch runs out its longest one
     assert agent.active.tolist() == [False, True]
     assert result.returns == [3.0, 4.0]
 
@@ -107,31 +114,30 @@ def test_env_with_other_shapes_is_refused_with_what_differs():
         check_env_matches(pendulum_info(low=-1.0), make_vector_env(pendulum_info(), 1))
 
 
-def test_every_wave_draws_its_own_random_numbers(tiny_checkpoint):
+def test_every_episode_draws_from_a_stream_of_its_own_seed(tiny_checkpoint):
     from trajectory_transformer.planning import BeamPlanner
 
     planner = BeamPlanner.from_checkpoint(
         tiny_checkpoint, horizon=2, beam_width=3, context_transitions=2
     )
-    states = []
-    reset = planner.reset
+    streams = {}
+    reset_env = planner.reset_env
 
-    def reset_and_look(num_envs, seed=None):
-        reset(num_envs, seed=seed)
-        states.append(planner.generator.get_state())
+    def reset_env_and_look(env, seed=None):
+        reset_env(env, seed)
+        streams[seed] = planner.generators[env].get_state()
 
-    planner.reset = reset_and_look
+    planner.reset_env = reset_env_and_look
     env = make_vector_env(planner.dataset, 2, max_episode_steps=3)
     try:
         evaluate(planner, env, episodes=6, seed=0, progress=False)
     finally:
         env.close()
-    assert len(states) == 3
-    # Episode i and episode i + 2 (the same env of the next wave) are not driven by one stream.
-    assert not any(states[i].equal(states[j]) for i in range(3) for j in range(i))
-    reset(2)
-    default_stream = planner.generator.get_state()
-    assert not any(state.equal(default_stream) for state in states)
+    assert sorted(streams) == list(range(6))
+    # Episode i and episode i + 2 (the same slot, next) are not driven by one stream.
+    assert not any(streams[i].equal(streams[j]) for i in range(6) for j in range(i))
+    reset_env(1, 4)
+    assert planner.generators[1].get_state().equal(streams[4])
 
 
 # --- a vector rollout of terminating envs: every episode scored once, on its own rewards ---
@@ -185,7 +191,7 @@ def check_every_episode_scored_once(result, seeds: list[int]) -> None:
     assert result.env_steps == sum(result.lengths)
 
 
-SEEDS = list(range(100, 107))  # 7 episodes on 3 envs: waves of 3, 3 and 1 (+2 fillers)
+SEEDS = list(range(100, 107))  # 7 episodes on 3 envs
 
 
 def test_the_falling_env_mixes_early_falls_and_truncations():
@@ -211,6 +217,8 @@ def test_a_vector_rollout_of_falling_envs_scores_every_episode_once(mode):
     env.close()
     check_every_episode_scored_once(result, SEEDS)
     assert len(set(result.lengths)) > 2
+    assert agent.starts == [(0, 100), (1, 101), (2, 102), *agent.starts[3:]]
+    assert sorted(seed for _, seed in agent.starts) == SEEDS
 
 
 def test_the_planner_in_a_vector_rollout_of_falling_envs_scores_every_episode_once(
@@ -242,4 +250,35 @@ def test_the_planner_in_a_vector_rollout_of_falling_envs_scores_every_episode_on
         assert np.abs(actions[active]).max() <= 2.0
 
 
+class SteeredFallingEnv(FallingEnv):
+    """FallingEnv whose rewards also count the action: returns tell what the agent did."""
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = super().step(action)
+        return observation, reward + float(action[0]), terminated, truncated, info
+
+
+def test_an_episode_plays_alike_whatever_the_number_of_envs(tiny_checkpoint):
+    """A sampled planner's per-episode returns do not depend on `num_envs`: each episode draws
+    from its own seed's stream, whichever slot plays it and whoever plays beside it."""
+    from trajectory_transformer.planning import BeamPlanner
+
+    planner = BeamPlanner.from_checkpoint(
+        tiny_checkpoint, horizon=2, beam_width=3, context_transitions=2, seed=4
+    )
+    returns = {}
+    for num_envs in (1, 2, 3):
+        env = make_vector_env(planner.dataset, num_envs, env_id="test/SteeredFalling-v0")
+        try:
+            result = evaluate(planner, env, episodes=len(SEEDS), seed=SEEDS[0], progress=False)
+        finally:
+            env.close()
+        returns[num_envs] = dict(zip(result.seeds, result.returns, strict=True))
+        assert sorted(returns[num_envs]) == SEEDS
+    assert returns[1] == returns[2] == returns[3]
+    played_alone = [reference_episode(seed)[0] for seed in SEEDS]  # zero actions
+    assert [returns[1][seed] for seed in SEEDS] != pytest.approx(played_alone)
+
+
 gym.register("test/Falling-v0", entry_point=FallingEnv)
+gym.register("test/SteeredFalling-v0", entry_point=SteeredFallingEnv)

@@ -137,10 +137,12 @@ def test_native_path_only_for_cpu_inference(kernel) -> None:
 
 
 def test_planner_plans_alike_with_and_without_native(kernel) -> None:
-    model = tiny_gpt(3, 2, 7, sequence_transitions=4, seed=3)
+    # Many bins: with few, candidates often repeat, and which of two equal-scoring copies
+    # survives would hinge on the float rounding in which the two paths differ.
+    model = tiny_gpt(3, 2, 256, sequence_transitions=4, seed=3)
     data = np.random.default_rng(0).normal(size=(500, model.config.transition_dim))
     planner = BeamPlanner(
-        model, Discretizer.fit(data, n_bins=7), horizon=2, beam_width=4, context_transitions=1
+        model, Discretizer.fit(data, n_bins=256), horizon=2, beam_width=4, context_transitions=1
     )
     observations = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
     plans = {}

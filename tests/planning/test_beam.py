@@ -94,7 +94,7 @@ def test_sampled_single_env_equals_naive_with_the_same_draws(history: int, feedb
     planner = BeamPlanner(model, disc, seed=7, **SMALL, **feedback_tokens)
     planner.reset(1)
     obs = run_steps(planner, history)
-    planner.generator.manual_seed(7)
+    planner.generators[0].manual_seed(7)
     plan = planner.plan(obs)
     reference = naive_plan(
         model, disc, planner.context_tokens(obs), planner.config, torch.Generator().manual_seed(7)
@@ -123,7 +123,7 @@ def test_beam_reorder_matches_a_recompute_of_the_selected_tokens() -> None:
     G, n, B, H = 2, 1, 5, 4
     context = torch.randint(0, N, (G, n * T + OBS), generator=torch.Generator().manual_seed(5))
     cache = model.new_shared_prefix_cache(G, B, G * B * 3, n * T + OBS, H * T - OBS)
-    search = planner._search(context, cache)
+    search = planner._search(context, cache, [torch.Generator().manual_seed(g) for g in range(G)])
     assert len(torch.unique(search.tokens.flatten(1, -1)[0], dim=0)) > 1
 
     past = context[:, None, : n * T].expand(G, B, -1)  # the plan repeats the observation
@@ -241,8 +241,10 @@ def test_act_observe_plan_on_a_checkpoint(tmp_path) -> None:
     planner.reset(num_envs=2)
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(2, OBS))
+    streams = [generator.get_state() for generator in planner.generators]
     first_plan = planner.plan(obs)
-    planner.generator.manual_seed(planner.config.seed)
+    for generator, state in zip(planner.generators, streams, strict=True):
+        generator.set_state(state)  # act replans with the same draws
     actions = planner.act(obs)
     assert actions.shape == (2, ACT) and actions.dtype == np.float32
     assert np.array_equal(actions, first_plan.actions[:, 0].numpy())
@@ -250,9 +252,9 @@ def test_act_observe_plan_on_a_checkpoint(tmp_path) -> None:
     with pytest.raises(RuntimeError, match="observe"):
         planner.act(obs)
     planner.observe(np.zeros(2), np.zeros(2, dtype=bool))
-    state = planner.generator.get_state()
+    streams = [generator.get_state() for generator in planner.generators]
     follow = planner.act(rng.normal(size=(2, OBS)))  # plan_every=2: the plan's second action
-    assert torch.equal(planner.generator.get_state(), state)
+    assert all(map(torch.equal, streams, [g.get_state() for g in planner.generators]))
     assert np.array_equal(follow, first_plan.actions[:, 1].numpy())
     planner.observe(np.ones(2), np.array([True, False]))
     plan = planner.plan(rng.normal(size=(2, OBS)))

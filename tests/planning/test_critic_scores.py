@@ -61,7 +61,7 @@ def test_sampled_single_env_scored_by_a_critic_equals_naive_with_the_same_draws(
         planner = BeamPlanner(model, disc, seed=7, value=value, critic_network=critic, **SMALL)
         planner.reset(1)
         obs = run_steps(planner, 2)
-        planner.generator.manual_seed(7)
+        planner.generators[0].manual_seed(7)
         plans[value] = planner.plan(obs)
         contexts[value] = planner.context_tokens(obs)
     reference = naive_plan(

@@ -1,4 +1,5 @@
-"""Sampling filters: top-k keeps k, cdf keeps the minimal mass set, greedy is argmax."""
+"""Sampling filters: top-k keeps k, cdf keeps the minimal mass set, greedy is argmax; draws
+from noise drawn ahead follow the filtered distribution; a transition's noise is per env."""
 
 from __future__ import annotations
 
@@ -6,12 +7,18 @@ import pytest
 import torch
 
 from trajectory_transformer.planning.sampling import (
+    TransitionNoise,
+    exponential_noise_,
     filter_cdf,
     filter_logits,
     filter_top_k,
     sample_categorical,
     sample_tokens,
 )
+
+
+def noise(shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    return exponential_noise_(torch.empty(shape), torch.Generator().manual_seed(seed))
 
 
 def test_top_k_keeps_exactly_the_k_largest() -> None:
@@ -49,42 +56,79 @@ def test_cdf_then_top_k_and_temperature() -> None:
         filter_logits(logits, temperature=0.0)
 
 
-def test_deterministic_is_argmax_and_draws_nothing() -> None:
+def test_deterministic_and_top_1_are_argmax_and_read_no_noise() -> None:
     logits = torch.randn(64, 11, generator=torch.Generator().manual_seed(0))
-    g = torch.Generator().manual_seed(1)
-    state = g.get_state()
-    tokens = sample_tokens(logits, g, top_k=3, cdf=0.2, deterministic=True)
+    tokens = sample_tokens(logits, None, top_k=3, cdf=0.2, deterministic=True)
     assert torch.equal(tokens, logits.argmax(dim=-1))
-    assert torch.equal(g.get_state(), state)
+    tokens = sample_tokens(logits, None, temperature=0.5, top_k=1, cdf=0.3)
+    assert torch.equal(tokens, logits.argmax(dim=-1))
 
 
-def test_top_1_is_argmax_and_draws_nothing() -> None:
-    logits = torch.randn(64, 11, generator=torch.Generator().manual_seed(0))
-    g = torch.Generator().manual_seed(1)
-    state = g.get_state()
-    tokens = sample_tokens(logits, g, temperature=0.5, top_k=1, cdf=0.3)
-    assert torch.equal(tokens, logits.argmax(dim=-1))
-    assert torch.equal(g.get_state(), state)
+DRAWS = 40_000
+TOLERANCE = 0.012
+"""Largest allowed |frequency - probability| over DRAWS draws: more than 5 standard errors
+(at most sqrt(0.25 / DRAWS) = 0.0025), so a correct sampler fails about once in 10^6 runs."""
+
+
+def frequencies(logits: torch.Tensor, seed: int = 0, **settings: object) -> torch.Tensor:
+    rows = logits.expand(DRAWS, -1)
+    draws = sample_tokens(rows, noise(rows.shape, seed), **settings)
+    return torch.bincount(draws, minlength=logits.shape[-1]).double() / DRAWS
 
 
 def test_sampling_follows_the_distribution_and_the_seed() -> None:
     probs = torch.tensor([0.1, 0.2, 0.7, 0.0])
-    logits = probs.log().expand(20000, 4)
-    draws = sample_categorical(logits, torch.Generator().manual_seed(0))
-    freq = torch.bincount(draws, minlength=4).float() / draws.numel()
-    assert torch.allclose(freq, probs, atol=0.015)
+    freq = frequencies(probs.log())
+    torch.testing.assert_close(freq, probs.double(), atol=TOLERANCE, rtol=0)
     assert freq[3] == 0
-    again = sample_categorical(logits, torch.Generator().manual_seed(0))
-    other = sample_categorical(logits, torch.Generator().manual_seed(1))
-    assert torch.equal(draws, again) and not torch.equal(draws, other)
+    rows = probs.log().expand(DRAWS, 4)
+    draws = sample_categorical(rows, noise(rows.shape, 0))
+    assert torch.equal(draws, sample_categorical(rows, noise(rows.shape, 0)))
+    assert not torch.equal(draws, sample_categorical(rows, noise(rows.shape, 1)))
+
+
+def test_filtered_sampling_follows_the_renormalised_distribution() -> None:
+    probs = torch.tensor([0.05, 0.3, 0.1, 0.25, 0.2, 0.1])
+    logits = probs.log()
+    # top-3 keeps 0.3, 0.25, 0.2 (mass 0.75); cdf 0.6 keeps 0.3, 0.25, 0.2 too (0.55 < 0.6),
+    # cdf 0.5 keeps 0.3, 0.25; a temperature of 2 makes the probabilities ~ sqrt(p).
+    cases = [
+        (dict(top_k=3), probs * torch.tensor([0, 1, 0, 1, 1, 0.0])),
+        (dict(cdf=0.5), probs * torch.tensor([0, 1, 0, 1, 0, 0.0])),
+        (dict(cdf=0.6, top_k=2), probs * torch.tensor([0, 1, 0, 1, 0, 0.0])),
+        (dict(temperature=2.0, top_k=3), probs.sqrt() * torch.tensor([0, 1, 0, 1, 1, 0.0])),
+    ]
+    for seed, (settings, kept) in enumerate(cases):
+        expected = (kept / kept.sum()).double()
+        freq = frequencies(logits, seed, **settings)
+        torch.testing.assert_close(freq, expected, atol=TOLERANCE, rtol=0, msg=str(settings))
+        assert (freq[expected == 0] == 0).all()
 
 
 def test_filtered_sampling_stays_in_the_kept_set() -> None:
     logits = torch.randn(500, 11, generator=torch.Generator().manual_seed(2))
-    g = torch.Generator().manual_seed(3)
-    tokens = sample_tokens(logits, g, top_k=3)
+    tokens = sample_tokens(logits, noise(logits.shape, 3), top_k=3)
     top3 = logits.topk(3, dim=-1).indices
     assert (tokens[:, None] == top3).any(dim=-1).all()
-    tokens = sample_tokens(logits, g, cdf=0.6)
+    tokens = sample_tokens(logits, noise(logits.shape, 4), cdf=0.6)
     kept = torch.isfinite(filter_cdf(logits, 0.6))
     assert kept.gather(1, tokens[:, None]).all()
+
+
+def test_an_envs_transition_noise_comes_from_its_own_stream_alone() -> None:
+    sampling = {"act": {}, "reward": {}, "value": dict(deterministic=True), "obs": dict(top_k=2)}
+    args = dict(action_dim=2, observation_dim=3, n_bins=5, beams=4, copies=2)
+    alone, together = (
+        TransitionNoise(sampling, groups=1, **args),
+        TransitionNoise(sampling, groups=3, **args),
+    )
+    alone.draw([torch.Generator().manual_seed(7)])
+    together.draw([torch.Generator().manual_seed(s) for s in (1, 7, 2)])
+    assert alone.rows("value") is None  # greedy: nothing drawn
+    for kind, index in (("act", 0), ("act", 1), ("reward", 0), ("obs", 2)):
+        rows = together.rows(kind, index)  # (copy, env, beam)
+        copies = 1 if kind == "obs" else 2
+        assert rows.shape == (copies * 3 * 4, 5)
+        env_1 = rows.view(copies, 3, 4, 5)[:, 1].reshape(-1, 5)
+        assert torch.equal(env_1, alone.rows(kind, index))
+    assert (together.buffer > 0).all() and torch.isfinite(together.buffer).all()

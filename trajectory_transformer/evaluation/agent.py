@@ -19,6 +19,11 @@ class Agent(Protocol):
     def reset(self, num_envs: int, seed: int | None = None) -> None:
         """Start `num_envs` new episodes; `seed` names an independent random stream."""
 
+    def reset_env(self, env: int, seed: int | None = None) -> None:
+        """Env `env` alone starts a new episode, whose seed `seed` names its random stream.
+        (`evaluate` calls it where the agent has it: an agent without state may leave it
+        out.)"""
+
     def act(self, observations: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
         """Actions (E, A) for observations (E, O); `active` marks the envs still playing."""
 
@@ -39,12 +44,18 @@ class PlanningAgent(Agent, Protocol):
 
 
 class EvaluationObserver(Protocol):
-    """Called by `evaluate` around every step of every wave of episodes."""
+    """Called by `evaluate` at every episode start and around every step."""
 
-    def on_reset(
-        self, wave: int, observations: np.ndarray, seeds: list[int], env: gym.vector.VectorEnv
+    def on_start(
+        self,
+        slot: int,
+        episode: int,
+        seed: int,
+        observations: np.ndarray,
+        env: gym.vector.VectorEnv,
     ) -> None:
-        """A wave (numbered from 0) starts, each env with its seed."""
+        """Episode `episode` (numbered from 0, with `seed`) starts in env `slot`, whose first
+        observation is `observations[slot]`."""
 
     def on_act(
         self, agent: Agent, observations: np.ndarray, actions: np.ndarray, active: np.ndarray

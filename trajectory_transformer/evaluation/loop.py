@@ -92,21 +92,27 @@ def evaluate(
     no_score_reason: str = "the dataset carries no ref_min_score/ref_max_score",
     reference_source: str | None = "dataset metadata",
 ) -> EvalResult:
-    """Play `episodes` episodes with seeds `seed, seed+1, ...`, `env.num_envs` at a time.
+    """Play `episodes` episodes with seeds `seed, seed+1, ...` on the `env.num_envs` slots of
+    a vector env, keeping every slot busy (continuous batching).
 
-    Each wave starts every env with its own seed and runs until all of them are done. A
-    finished env keeps stepping (its auto-reset episode is ignored) so shapes never change.
-    `observers` (an `EpisodeRecord`, say) are told of every reset, action and step. Returns
-    are normalised by `ref_scores` (min, max) when both are given, and the result names them
-    and their `reference_source`; else `no_score_reason` says why not.
+    When a slot's episode ends, the next seed starts in that slot at once: the env is reset
+    with that seed and the agent forgets the slot (`reset_env`), which also derives the
+    agent's random stream from the episode seed, so an episode plays alike whichever slot
+    plays it and however many slots there are. Only at the tail, when no episode is left to
+    start, do finished slots idle: they keep stepping (shapes never change), their steps are
+    ignored and the agent does not plan for them. `observers` (an `EpisodeRecord`, say) are
+    told of every episode start, action and step. Returns are normalised by `ref_scores`
+    (min, max) when both are given, and the result names them and their
+    `reference_source`; else `no_score_reason` says why not.
     """
     num_envs = env.num_envs
     returns, lengths, seeds = [], [], []
     planning_seconds, env_steps = 0.0, 0
     start = time.perf_counter()
-    # A vector env without autoreset refuses to step an env that finished until it is reset,
-    # and evaluate keeps finished envs stepping; so it resets them itself (their new episodes
-    # are ignored like autoreset ones).
+    # A vector env without autoreset refuses to step a finished env until it is reset, and
+    # idle slots keep stepping, so evaluate resets them itself (their episodes are ignored).
+    # Slots that start a new episode are always reset here, with its seed: an autoreset
+    # would not know the seed.
     manual_reset = env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.DISABLED
     spec = env.get_attr("spec")[0]
     max_steps = getattr(spec, "max_episode_steps", None)
@@ -116,42 +122,62 @@ def evaluate(
         disable=not progress,
         dynamic_ncols=True,
     )
-    for wave, wave_start in enumerate(range(0, episodes, num_envs)):
-        wave_seeds = [seed + wave_start + i for i in range(num_envs)]
-        wanted = min(num_envs, episodes - wave_start)  # envs past `wanted` only fill the batch
-        observations, _ = env.reset(seed=wave_seeds)
-        # Each wave draws its own random numbers: reseeding every wave alike would correlate
-        # episode i with episode i + num_envs, where the standard error assumes independence.
-        agent.reset(num_envs, seed=wave_seeds[0])
+    reset_env = getattr(agent, "reset_env", None)  # a stateless agent may have none
+    episode_of_slot = np.full(num_envs, -1, dtype=np.int64)
+    running = np.zeros(num_envs, dtype=np.float64)
+    length = np.zeros(num_envs, dtype=np.int64)
+    active = np.zeros(num_envs, dtype=bool)
+
+    def start_episodes(slots: np.ndarray, first: int) -> None:
+        """Slots `slots` (already reset) start episodes first, first + 1, ..."""
+        for episode, slot in enumerate(slots, start=first):
+            episode_of_slot[slot], running[slot], length[slot] = episode, 0.0, 0
+            active[slot] = True
+            if reset_env is not None:
+                reset_env(int(slot), seed + episode)
+            for observer in observers:
+                observer.on_start(int(slot), episode, seed + episode, observations, env)
+
+    first_slots = np.arange(min(num_envs, episodes))
+    first_seeds = [seed + i if i < episodes else None for i in range(num_envs)]
+    observations, _ = env.reset(seed=first_seeds)
+    agent.reset(num_envs)
+    start_episodes(first_slots, 0)
+    next_episode = len(first_slots)
+    while active.any():
+        tic = time.perf_counter()
+        actions = agent.act(observations, active)  # idle slots are not planned
+        planning_seconds += time.perf_counter() - tic
         for observer in observers:
-            observer.on_reset(wave, observations, wave_seeds, env)
-        running = np.zeros(num_envs, dtype=np.float64)
-        length = np.zeros(num_envs, dtype=np.int64)
-        active = np.zeros(num_envs, dtype=bool)
-        active[:wanted] = True
-        while active.any():
-            tic = time.perf_counter()
-            actions = agent.act(observations, active)  # finished envs are not planned
-            planning_seconds += time.perf_counter() - tic
-            for observer in observers:
-                observer.on_act(agent, observations, actions, active)
-            observations, rewards, terminated, truncated, _ = env.step(actions)
-            dones = terminated | truncated
-            agent.observe(rewards, dones)
-            for observer in observers:
-                observer.on_step(observations, rewards, terminated, truncated, active, env)
-            env_steps += int(active.sum())
-            bar.update(int(active.sum()))
-            running[active] += rewards[active]
-            length[active] += 1
-            for i in np.flatnonzero(active & dones):
-                returns.append(float(running[i]))
-                lengths.append(int(length[i]))
-                seeds.append(wave_seeds[i])
-                active[i] = False
-                bar.set_postfix(episodes=len(returns), mean_return=f"{np.mean(returns):.1f}")
-            if manual_reset and dones.any() and active.any():
-                observations, _ = env.reset(options={"reset_mask": dones})
+            observer.on_act(agent, observations, actions, active)
+        observations, rewards, terminated, truncated, _ = env.step(actions)
+        dones = terminated | truncated
+        agent.observe(rewards, dones)
+        for observer in observers:
+            observer.on_step(observations, rewards, terminated, truncated, active, env)
+        env_steps += int(active.sum())
+        bar.update(int(active.sum()))
+        running[active] += rewards[active]
+        length[active] += 1
+        finished = np.flatnonzero(active & dones)
+        for i in finished:
+            returns.append(float(running[i]))
+            lengths.append(int(length[i]))
+            seeds.append(seed + int(episode_of_slot[i]))
+            active[i] = False
+            bar.set_postfix(episodes=len(returns), mean_return=f"{np.mean(returns):.1f}")
+        restart = finished[: max(episodes - next_episode, 0)]
+        reset_mask = np.zeros(num_envs, dtype=bool)
+        reset_mask[restart] = True
+        if manual_reset and (active.any() or len(restart)):
+            reset_mask |= dones
+        if reset_mask.any():
+            new_seeds: list[int | None] = [None] * num_envs
+            for episode, slot in enumerate(restart, start=next_episode):
+                new_seeds[slot] = seed + episode
+            observations, _ = env.reset(seed=new_seeds, options={"reset_mask": reset_mask})
+            start_episodes(restart, next_episode)
+            next_episode += len(restart)
     bar.close()
     scores = normalized_score(np.array(returns), *ref_scores)
     return EvalResult(

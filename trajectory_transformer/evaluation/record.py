@@ -1,7 +1,7 @@
 """One episode kept in full: what happened, what the planner imagined, and rendered frames.
 
-`evaluate(..., observers=[EpisodeRecord(...)])` fills a record for the first episode (env 0 of
-the first wave); `record_episode` plays a single episode for one. The figures in
+`evaluate(..., observers=[EpisodeRecord(...)])` fills a record for the first episode (whichever
+env plays it); `record_episode` plays a single episode for one. The figures in
 `trajectory_transformer.viz` are drawn from records.
 """
 
@@ -23,7 +23,7 @@ from trajectory_transformer.planning.plan import Plan
 
 @dataclass
 class PlanSnapshot:
-    """The planner's search at one step of the episode, for env 0."""
+    """The planner's search at one step of the episode, for its env alone."""
 
     step: int
     """Env step at which the plan was made; its first action was executed there."""
@@ -40,7 +40,7 @@ class PlanSnapshot:
 
 @dataclass
 class EpisodeRecord:
-    """An episode of env 0; pass one to `evaluate` to have it filled.
+    """The first episode of an evaluation; pass one to `evaluate` to have it filled.
 
     `plan_steps` are the steps whose whole search (every beam) is kept; at every step that
     replans, the chosen plan's first predicted reward and value are kept in `predicted_*`
@@ -61,47 +61,54 @@ class EpisodeRecord:
     predicted_values: list[float] = field(default_factory=list)
     frames: list[np.ndarray] = field(default_factory=list)
     _recording: bool = field(default=False, repr=False)
+    _slot: int = field(default=0, repr=False)
     _plan_seen: Plan | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.actions)
 
-    # --- filled by `evaluate`, as one of its observers: env 0 of the first wave ---------
+    # --- filled by `evaluate`, as one of its observers: its first episode ---------------
 
-    def on_reset(
-        self, wave: int, observations: np.ndarray, seeds: list[int], env: gym.vector.VectorEnv
+    def on_start(
+        self,
+        slot: int,
+        episode: int,
+        seed: int,
+        observations: np.ndarray,
+        env: gym.vector.VectorEnv,
     ) -> None:
-        self._recording = wave == 0
-        if not self._recording:
+        if episode != 0:
             return
-        self.observations, self.actions, self.rewards = [np.asarray(observations[0])], [], []
+        self._slot, self._recording = slot, True
+        self.observations, self.actions, self.rewards = [np.asarray(observations[slot])], [], []
         self.plans, self.predicted_rewards, self.predicted_values = {}, [], []
         frame = self._frame(env)
         self.frames = [] if frame is None else [frame]
-        self.seed, self.terminated = seeds[0], False
+        self.seed, self.terminated = seed, False
         self._plan_seen = None  # a new search is a new Plan object
 
     def on_act(
         self, agent: Agent, observations: np.ndarray, actions: np.ndarray, active: np.ndarray
     ) -> None:
-        """Keep env 0's action, and its plan if the agent just made a new one (agents that
-        do not plan record no plans)."""
-        if not (self._recording and active[0]):
+        """Keep the episode's action, and its plan if the agent just made a new one (agents
+        that do not plan record no plans)."""
+        slot = self._slot
+        if not (self._recording and active[slot]):
             return
-        self.actions.append(np.asarray(actions[0]))
+        self.actions.append(np.asarray(actions[slot]))
         plan = agent.last_plan if isinstance(agent, PlanningAgent) else None
         step = len(self.actions) - 1
-        if plan is None or plan is self._plan_seen or not bool(plan.active[0]):
+        if plan is None or plan is self._plan_seen or not bool(plan.active[slot]):
             self.predicted_rewards.append(math.nan)
             self.predicted_values.append(math.nan)
             return
         self._plan_seen = plan
-        best = int(plan.best[0])
-        self.predicted_rewards.append(float(plan.rewards[0, best, 0]))
-        self.predicted_values.append(float(plan.values[0, best, 0]))
+        best = int(plan.best[slot])
+        self.predicted_rewards.append(float(plan.rewards[slot, best, 0]))
+        self.predicted_values.append(float(plan.values[slot, best, 0]))
         if step in self.plan_steps:
-            context = agent.context_tokens(observations)[0].cpu()
-            self.plans[step] = PlanSnapshot(step, context, _first_env(plan))
+            context = agent.context_tokens(observations)[slot].cpu()
+            self.plans[step] = PlanSnapshot(step, context, _one_env(plan, slot))
 
     def on_step(
         self,
@@ -112,17 +119,20 @@ class EpisodeRecord:
         active: np.ndarray,
         env: gym.vector.VectorEnv,
     ) -> None:
-        if not (self._recording and active[0]):
+        slot = self._slot
+        if not (self._recording and active[slot]):
             return
-        self.rewards.append(float(rewards[0]))
-        self.observations.append(np.asarray(observations[0]))
-        self.terminated = bool(terminated[0])
+        self.rewards.append(float(rewards[slot]))
+        self.observations.append(np.asarray(observations[slot]))
+        self.terminated = bool(terminated[slot])
         frame = self._frame(env)
         if frame is not None:
             self.frames.append(frame)
+        # The slot goes on with the next episode, which is not this record's.
+        self._recording = not (terminated[slot] or truncated[slot])
 
     def _frame(self, env: gym.vector.VectorEnv) -> np.ndarray | None:
-        return env.call("render")[0] if self.render else None
+        return env.call("render")[self._slot] if self.render else None
 
     # --- what the model was trained to predict --------------------------------------------
 
@@ -143,9 +153,9 @@ class EpisodeRecord:
         return reward_to_go(rewards, np.array([len(rewards)]), discount)
 
 
-def _first_env(plan: Plan) -> Plan:
-    """The plan of env 0 alone, on the CPU."""
-    return Plan(**{name: value[:1].cpu() for name, value in vars(plan).items()})
+def _one_env(plan: Plan, env: int) -> Plan:
+    """The plan of env `env` alone, on the CPU."""
+    return Plan(**{name: value[env : env + 1].cpu() for name, value in vars(plan).items()})
 
 
 def record_episode(

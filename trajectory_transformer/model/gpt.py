@@ -130,10 +130,12 @@ class CausalSelfAttention(nn.Module):
         mask: torch.Tensor | None,
         cache: KVCache | SharedPrefixKVCache | None = None,
         layer: int = 0,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         """Self-attention of x (B, S, C) under `mask` (S, S), or, with a cache, over
-        everything it holds up to these positions (the cache writes and attends)."""
+        everything it holds up to these positions (the cache writes and attends). A `start`
+        held in a device tensor (1,) is a decode step: one token per row, attending over the
+        cache's whole buffer under a mask built from that position."""
         B, S, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)  # 3 x (B, S, C)
         q = q.view(B, S, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, S, hs)
@@ -145,6 +147,8 @@ class CausalSelfAttention(nn.Module):
             y = dropout_attention(q, k, v, mask, dropout_p)
         elif cache is None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        elif isinstance(start, torch.Tensor):
+            y = cache.attend_step(layer, start, q, k, v)  # (B, nh, 1, hs)
         else:
             y = cache.attend(layer, start, q, k, v, dropout_p)  # (B, nh, S, hs)
         y = y.transpose(1, 2).reshape(B, S, C)  # (B, S, C)
@@ -176,7 +180,7 @@ class Block(nn.Module):
         mask: torch.Tensor | None,
         cache: KVCache | SharedPrefixKVCache | None = None,
         layer: int = 0,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
     ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), mask, cache, layer, start)
         return x + self.mlp(self.ln_2(x))
@@ -220,22 +224,29 @@ class TrajectoryGPT(nn.Module):
     def _trunk(
         self,
         tokens: torch.Tensor,
-        start: int = 0,
+        start: int | torch.Tensor = 0,
         cache: KVCache | SharedPrefixKVCache | None = None,
     ) -> torch.Tensor:
-        """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S)."""
-        S = tokens.shape[1]
-        end = start + S
-        if end > self.config.block_size:
-            raise ValueError(
-                f"positions [{start}, {end}) exceed the block size {self.config.block_size} "
-                f"({self.config.sequence_transitions} transitions of "
-                f"{self.config.transition_dim} tokens); crop the sequence to its last "
-                f"{self.config.block_size} tokens"
-            )
-        x = self.tok_emb(tokens + self.token_offsets[start:end])  # (B, S, d)
-        x = self.drop(x + self.pos_emb.weight[start:end])  # (B, S, d)
+        """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S).
+
+        A `start` held in a device tensor (1,) is a decode step (S = 1, with a cache): its
+        bounds are the caller's to check, since reading them would sync with the device."""
+        if isinstance(start, torch.Tensor):
+            positions = start  # (1,)
+        else:
+            end = start + tokens.shape[1]
+            if end > self.config.block_size:
+                raise ValueError(
+                    f"positions [{start}, {end}) exceed the block size {self.config.block_size} "
+                    f"({self.config.sequence_transitions} transitions of "
+                    f"{self.config.transition_dim} tokens); crop the sequence to its last "
+                    f"{self.config.block_size} tokens"
+                )
+            positions = slice(start, end)
+        x = self.tok_emb(tokens + self.token_offsets[positions])  # (B, S, d)
+        x = self.drop(x + self.pos_emb.weight[positions])  # (B, S, d)
         # Without a cache the positions are [0, S); a cache applies the mask rows itself.
+        S = tokens.shape[1]
         mask = self.mask[:S, :S] if cache is None else None
         mode, every = self.config.activation_checkpointing, self.config.checkpoint_every_n_layers
         if cache is None and mode != "none" and self.training and torch.is_grad_enabled():
@@ -314,7 +325,10 @@ class TrajectoryGPT(nn.Module):
         return self._heads(self._trunk(tokens, start, cache), start)
 
     def decode_step(
-        self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, position: int
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | SharedPrefixKVCache,
+        position: int | torch.Tensor,
     ) -> torch.Tensor:
         """Logits (B, N) for one new token (B,) at `position`, attending over [0, position].
 
@@ -324,22 +338,55 @@ class TrajectoryGPT(nn.Module):
 
     def decoder(
         self, cache: KVCache | SharedPrefixKVCache
-    ) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    ) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor]:
         """`decode_step` bound to one cache: `step(tokens (B,), position) -> logits (B, N)`.
 
         A planner makes a hundred dependent decode steps per search, so what can be looked up
-        once (parameters, cache buffers, which path applies) is looked up here.
+        once (parameters, cache buffers, which path applies) is looked up here. The position
+        is an int (checked against the cache) or a device tensor (1,) (not checked: that would
+        sync). The PyTorch step (`static_decoder`) wants the same rows at every position, so
+        that one compiled graph serves a whole search; a step with `rows_may_vary` set (the
+        native kernels) takes any rows at any position.
         """
-        T = self.config.transition_dim
+        static_step = self.static_decoder(cache)
+        device = self.head_weight.device
 
-        def module_step(tokens: torch.Tensor, position: int) -> torch.Tensor:
-            h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
-            dim = position % T
-            return h @ self.head_weight[dim] + self.head_bias[dim]  # (B, N)
+        def module_step(tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+            if isinstance(position, torch.Tensor):
+                return static_step(tokens, position)
+            if position >= self.config.block_size:
+                raise ValueError(f"position {position} exceeds the block size")
+            if isinstance(cache, SharedPrefixKVCache):
+                if position == 0:  # this token starts the shared prefix: the prefill path
+                    return self.prefill(tokens[:, None], cache)[:, 0]
+                cache.own_position(position, tokens.shape[0])  # raises where it cannot go
+            elif position >= cache.max_len or tokens.shape[0] > cache.rows:
+                raise ValueError(
+                    f"{tokens.shape[0]} rows at position {position} do not fit a cache of "
+                    f"{cache.rows} rows x {cache.max_len} positions"
+                )
+            return static_step(tokens, torch.tensor([position], device=device))
 
         if not self.config.value_sees_itself:  # a mask the native kernel does not implement
             return module_step
         return native.decoder(self, cache, module_step) or module_step
+
+    def static_decoder(
+        self, cache: KVCache | SharedPrefixKVCache
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The PyTorch decode step over `cache`, `step(tokens (B,), position (1,)) -> (B, N)`,
+        with the position held in a device tensor: the same shapes and no host sync at every
+        position, so `torch.compile(step, fullgraph=True, dynamic=False)` traces it whole,
+        once. The reference for every other decode path, and the one used on a GPU."""
+        T = self.config.transition_dim
+
+        def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+            h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
+            dim = position % T  # (1,)
+            weight = self.head_weight.index_select(0, dim)[0]  # (d, N)
+            return h @ weight + self.head_bias.index_select(0, dim)  # (B, N)
+
+        return step
 
     def configure_optimizer(
         self,

@@ -7,7 +7,10 @@ and copied to their expansion copies with `repeat_rows_`. Nothing here grows wit
 
 A cache owns its layout and its attention: the model hands each layer's new queries, keys
 and values to `attend`, which writes the keys and values and attends over everything cached
-under the model's attention mask. `SharedPrefixKVCache` keeps one context per group of rows;
+under the model's attention mask. A decode step goes through `attend_step` instead: its
+position is a device tensor, and it attends over the whole buffer under that position's mask
+row, so every step has the same shapes (gpt-fast's static cache) and never reads the position
+on the host. `SharedPrefixKVCache` keeps one context per group of rows;
 `RowLayout` is the one definition of how its rows are ordered, used by the cache, its
 attention, the native kernel (through `native_layer`) and the planner.
 """
@@ -90,6 +93,19 @@ class KVCache:
         mask = self.mask[start:end, :end]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
+    def attend_step(
+        self, layer: int, position: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """One token per row: cache `k`, `v` (B, nh, 1, hs) at the device-held `position` (1,)
+        and attend with `q` over the whole buffer, under the mask row of that position (which
+        hides the positions not written yet). Same shapes at every position. (B, nh, 1, hs)."""
+        rows = q.shape[0]
+        keys, values = self.keys[layer, :rows], self.values[layer, :rows]  # (B, nh, M, hs)
+        keys.index_copy_(2, position, k)
+        values.index_copy_(2, position, v)
+        mask = self.mask.index_select(0, position)[:, : self.max_len]  # (1, M)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+
     @torch.no_grad()
     def reorder_(self, parent: torch.Tensor, length: int, start: int = 0) -> None:
         """Row i becomes old row `parent[i]`, for positions [start, length) only.
@@ -104,12 +120,10 @@ class KVCache:
                 f"reorder_ to {n} rows over positions [{start}, {length}) exceeds the cache "
                 f"({self.rows} rows x {self.max_len} positions)"
             )
-        # index_select copies first, so overlapping source and target rows are safe. One layer
-        # at a time gathers along the outermost dimension, which the CPU does faster.
-        for buf in (self.keys, self.values):
-            for layer in buf:  # (R, nh, M, hs)
-                span = layer[:, :, start:length]  # (R, nh, length - start, hs)
-                layer[:n, :, start:length] = span.index_select(0, parent)
+        # index_select copies first, so overlapping source and target rows are safe.
+        for buf in (self.keys, self.values):  # (L, R, nh, M, hs)
+            span = buf[:, :, :, start:length]  # (L, R, nh, length - start, hs)
+            buf[:, :n, :, start:length] = span.index_select(1, parent)
 
     @torch.no_grad()
     def repeat_rows_(self, rows: int, copies: int, length: int, start: int = 0) -> None:
@@ -259,12 +273,16 @@ class SharedPrefixKVCache:
         self.layout = RowLayout(groups=0, members=rows_per_prefix)
         self.prefix_length = 0
         """Positions [0, prefix_length) are shared; set by the last prefix write."""
-        # The same mask as an additive bias, for the attention after the prefix.
-        self._bias = (
-            None
-            if mask is None
-            else torch.zeros(mask.shape, device=mask.device).masked_fill_(~mask, float("-inf"))
-        )
+        self.prefix_end = torch.zeros(1, dtype=torch.long, device=device)
+        """`prefix_length` on the device, for decode steps at device-held positions."""
+        # The same mask as an additive bias, for the attention after the prefix; hidden
+        # columns past the mask's keep a decode step's own slots beyond it out of reach.
+        self._bias = None
+        if mask is not None:
+            bias = torch.zeros(mask.shape[0], mask.shape[1] + own_len, device=mask.device)
+            self._bias = bias.masked_fill_(~F.pad(mask, (0, own_len)), float("-inf"))
+        self._prefix_slots = torch.arange(prefix_len, device=device)  # (prefix_len,)
+        self._own_slots = torch.arange(own_len, device=device)  # (own_len,)
         self._group_of_row: torch.Tensor | None = None
 
     @property
@@ -295,6 +313,7 @@ class SharedPrefixKVCache:
                 "go through `extend`"
             )
         self.prefix_length = k.shape[2]
+        self.prefix_end.fill_(self.prefix_length)
         if k.shape[0] != self.layout.groups:
             self.layout = RowLayout(groups=k.shape[0], members=self.layout.members)
             self._group_of_row = None
@@ -338,6 +357,30 @@ class SharedPrefixKVCache:
         prefix_k, prefix_v, k, v = self.extend(layer, start, k, v)
         bias = self._bias[start:end, :end]  # (S, end)
         return shared_prefix_attention(q, prefix_k, prefix_v, k, v, bias, self.layout)
+
+    def attend_step(
+        self, layer: int, position: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """One token per row at the device-held `position` (1,), after the prefix: cache `k`,
+        `v` (R, nh, 1, hs) at the rows' own position and attend with `q` over the whole prefix
+        and own buffers, under the mask row of `position` (prefix slots past the prefix and
+        own positions not written yet are hidden). Same shapes at every position, no host
+        sync. Returns (R, nh, 1, hs)."""
+        rows, groups = q.shape[0], self.groups
+        self.layout.copies(rows)  # raises unless whole copies: shapes only, no sync
+        own_k, own_v = self.own.keys[layer, :rows], self.own.values[layer, :rows]
+        own = position - self.prefix_end  # (1,)
+        own_k.index_copy_(2, own, k)  # (R, nh, own_len, hs)
+        own_v.index_copy_(2, own, v)
+        row = self._bias.index_select(0, position)  # (1, block): this query's mask row
+        prefix_bias = row[:, : self._prefix_slots.shape[0]].masked_fill(
+            self._prefix_slots >= self.prefix_end, float("-inf")
+        )  # (1, prefix_len)
+        own_bias = row.index_select(1, self.prefix_end + self._own_slots)  # (1, own_len)
+        bias = torch.cat([prefix_bias, own_bias], dim=1)
+        prefix_k = self.prefix.keys[layer, :groups]  # (G, nh, prefix_len, hs)
+        prefix_v = self.prefix.values[layer, :groups]
+        return shared_prefix_attention(q, prefix_k, prefix_v, own_k, own_v, bias, self.layout)
 
     def own_position(self, position: int, rows: int) -> int:
         """Where absolute `position` of rows [0, rows) sits among the rows' own positions;

@@ -268,8 +268,10 @@ def prepared_weights(model: TrajectoryGPT) -> PreparedWeights:
 
 
 def decoder(
-    model: TrajectoryGPT, cache: object, module_step: Callable[[torch.Tensor, int], torch.Tensor]
-) -> Callable[[torch.Tensor, int], torch.Tensor] | None:
+    model: TrajectoryGPT,
+    cache: object,
+    module_step: Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor] | None:
     """`model`'s decode step over `cache` as one native call per step, or None where the
     kernels do not apply: they serve inference on the CPU in float32 over a
     `SharedPrefixKVCache`, and are off or could not be built. The weights (`prepared_weights`)
@@ -305,7 +307,9 @@ def decoder(
     )
     block_size = model.config.block_size
 
-    def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
+    def step(tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        # The kernel takes the position as an int: on the CPU, reading one waits for nothing.
+        position = int(position)
         if position == 0:  # this token starts the shared prefix: the prefill path
             return module_step(tokens, position)
         if position >= block_size:
@@ -314,6 +318,7 @@ def decoder(
         # Each block also writes this token's key and value at own position `own`.
         return bound.step(tokens, position, cache.prefix_length, own, cache.group_of_row())
 
+    step.rows_may_vary = True  # any rows at any position: nothing is compiled for one shape
     return step
 
 

@@ -6,8 +6,8 @@ through the model once; its keys and values are cached once per environment and 
 env's beams (`SharedPrefixKVCache`), which cache only their planned positions. Per planned
 transition the beams expand, sample action, reward and value tokens, are scored by discounted
 expected reward plus the expected terminal value, and the best `beam_width` per environment
-survive to sample the next observation. Sampling stays on the device: no host sync per token,
-no tensor that grows per token, the same shapes whatever the environments are doing.
+survive to sample the next observation. Sampling stays on the device: no host sync in a plan call,
+no tensor that grows per token, the same shapes throughout a plan call.
 
 Rows. The cache holds E * beam_width * n_expand rows in its `RowLayout` order, an
 environment being a group, its beams the members and the expansion candidates the copies:
@@ -22,7 +22,8 @@ neither be left-aligned nor padded without changing the plan. Environments are t
 grouped by the number of past transitions they have and each group is planned on its own
 (in order of length, reusing the same cache). In lock-step vector envs all environments have
 the same history except for `context_transitions` steps after a reset, so there is almost
-always one group. Inactive environments never form a group of their own.
+always one group. Inactive environments are not planned at all (their rows of the plan stay
+zeros), so a batch with finished environments costs only the rows of the others.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
-from trajectory_transformer.planning.sampling import sample_tokens
+from trajectory_transformer.planning.sampling import TransitionNoise, sample_tokens
 
 if TYPE_CHECKING:
     import os
@@ -81,7 +82,8 @@ class _Search:
 class BeamPlanner:
     """Batched beam-search planner over a trained `TrajectoryGPT`.
 
-    ``reset(num_envs)``, then per step ``act(observations)`` and ``observe(rewards, dones)``;
+    ``reset(num_envs)`` (and ``reset_env(env, seed)`` as each env starts an episode), then
+    per step ``act(observations)`` and ``observe(rewards, dones)``;
     ``plan(observations)`` returns all beams without changing any state. The model is put in
     eval mode.
     """
@@ -131,7 +133,8 @@ class BeamPlanner:
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
         self.critic = self._critic(critic_network)
-        self.generator = torch.Generator(self.device)
+        # Device-held positions: a decode step reads its position without a host sync.
+        self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
         self.reset(1)
 
@@ -192,9 +195,8 @@ class BeamPlanner:
     # --- per-environment state ------------------------------------------------------------
 
     def reset(self, num_envs: int, seed: int | None = None) -> None:
-        """Forget every context and plan, and reseed the generator: with `config.seed`, or,
-        given `seed`, with a stream of `config.seed` of its own for that `seed`. Evaluation
-        passes each wave's first episode seed, so that its waves draw independent numbers."""
+        """Forget every context and plan, and seed every env's random stream: env e plays
+        episode `seed + e` (episode e without a `seed`), see `episode_stream`."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         if seed is not None and seed < 0:
@@ -202,11 +204,10 @@ class BeamPlanner:
         E, K, T = num_envs, self.config.context_transitions, self.transition_dim
         H, n_act = self.config.horizon, self.action_dim
         self.num_envs = E
-        if seed is None:
-            self.generator.manual_seed(self.config.seed)
-        else:
-            stream = np.random.SeedSequence([self.config.seed, seed])
-            self.generator.manual_seed(int(stream.generate_state(1, dtype=np.uint64)[0]))
+        # One generator per env: an episode's draws come from its own stream alone.
+        self.generators = [torch.Generator(self.device) for _ in range(E)]
+        for env in range(E):
+            self.generators[env].manual_seed(self.episode_stream(env + (seed or 0)))
         # Shift buffer of each env's last K real transitions, oldest first; the valid ones are
         # the last `_history[e]`.
         self._context = torch.zeros(E, K, T, dtype=torch.long, device=self.device)
@@ -217,6 +218,25 @@ class BeamPlanner:
         self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
         self._pending_envs = np.zeros(E, dtype=bool)
         self.last_plan: Plan | None = None  # the latest search of `act`, all beams
+
+    def reset_env(self, env: int, seed: int | None = None) -> None:
+        """Env `env` alone starts a new episode: its context and plan are forgotten, and its
+        random stream is seeded for episode `seed` (episode `env` without one); the other envs
+        carry on. Evaluation calls it with each episode's seed as a slot starts it."""
+        if not 0 <= env < self.num_envs:
+            raise ValueError(f"env {env} is not one of the planner's {self.num_envs} envs")
+        if seed is not None and seed < 0:
+            raise ValueError(f"seed must be non-negative, got {seed}")
+        self._history[env] = 0
+        self._plan_age[env] = self.config.horizon
+        self.generators[env].manual_seed(self.episode_stream(env if seed is None else seed))
+
+    def episode_stream(self, episode: int) -> int:
+        """The seed of the random stream that plans episode `episode` (an evaluation's episode
+        seed): one of `config.seed`'s own per episode, so that episodes draw independent
+        numbers whichever env plays them."""
+        stream = np.random.SeedSequence([self.config.seed, episode])
+        return int(stream.generate_state(1, dtype=np.uint64)[0])
 
     def _as_batch(self, observations: np.ndarray | torch.Tensor) -> torch.Tensor:
         obs = torch.as_tensor(observations, dtype=torch.float32, device=self.device)
@@ -325,7 +345,10 @@ class BeamPlanner:
         observations: np.ndarray | torch.Tensor,
         active: np.ndarray | torch.Tensor | None = None,
     ) -> Plan:
-        """Plan from every active env's context and current observation (E, O)."""
+        """Plan from every active env's context and current observation (E, O).
+
+        Nothing in the call waits on the device: the envs are grouped by host data, and the
+        searches write their results into preallocated tensors."""
         c = self.config
         E, B, H, T = self.num_envs, c.beam_width, c.horizon, self.transition_dim
         obs_tokens = self._encode_observations(self._as_batch(observations))  # (E, O)
@@ -341,14 +364,12 @@ class BeamPlanner:
             index = torch.from_numpy(envs).to(self.device)
             K = c.context_transitions
             past = self._context[index, K - n :].reshape(len(envs), n * T)  # (G, n*T)
-            search = self._search(torch.cat([past, obs_tokens[index]], dim=1), cache)
+            generators = [self.generators[e] for e in envs]
+            search = self._search(torch.cat([past, obs_tokens[index]], dim=1), cache, generators)
             tokens[index] = search.tokens
             rewards[index] = search.rewards
             values[index] = search.values
             scores[index] = search.scores
-        inactive = torch.from_numpy(~mask).to(self.device)
-        for result in (tokens, rewards, values, scores):
-            result[inactive] = 0  # rode along in a group; their plans mean nothing
         return build_plan(
             tokens,
             rewards,
@@ -362,13 +383,9 @@ class BeamPlanner:
         )
 
     def _groups(self, mask: np.ndarray) -> dict[int, np.ndarray]:
-        """Env indices per history length; inactive envs ride along with the longest group."""
-        if not mask.any():
-            return {}
+        """Indices of the active envs per history length (host data: no device read)."""
         lengths = np.where(mask, self._history, -1)
-        longest = int(lengths.max())
-        lengths[~mask] = longest
-        return {int(n): np.flatnonzero(lengths == n) for n in np.unique(lengths)}
+        return {int(n): np.flatnonzero(lengths == n) for n in np.unique(lengths[mask])}
 
     def _get_cache(self, envs: int) -> SharedPrefixKVCache:
         """The planner's cache, reallocated only when more rows are needed.
@@ -388,9 +405,14 @@ class BeamPlanner:
             )
         return self._cache
 
-    def _sample(self, logits: torch.Tensor, kind: str) -> torch.Tensor:
-        """Tokens of `kind` (obs, act, reward, value) under the planner's settings."""
-        return sample_tokens(logits, self.generator, **self.config.sampling(kind))
+    def _position(self, position: int) -> torch.Tensor:
+        """Absolute `position` as a device tensor (1,): a view, no host-to-device copy."""
+        return self._positions[position : position + 1]
+
+    def _sample(self, logits: torch.Tensor, kind: str, noise: torch.Tensor | None) -> torch.Tensor:
+        """Tokens of `kind` (obs, act, reward, value) under the planner's settings, drawn with
+        `noise` (rows, N) from a `TransitionNoise`."""
+        return sample_tokens(logits, noise, **self.config.sampling(kind))
 
     def _expected(self, logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / self.config.temperature).softmax(dim=-1)
@@ -423,8 +445,11 @@ class BeamPlanner:
         beams.so_far = beams.so_far + discount**h * self.critic.scale_rewards(reward)
         return scores
 
-    def _search(self, context: torch.Tensor, cache: SharedPrefixKVCache) -> _Search:
-        """Beam search from contexts (G, n*T + O) of one length; see the module docstring.
+    def _search(
+        self, context: torch.Tensor, cache: SharedPrefixKVCache, generators: list[torch.Generator]
+    ) -> _Search:
+        """Beam search from contexts (G, n*T + O) of one length, env g drawing its random
+        numbers from `generators[g]`; see the module docstring.
 
         Plan columns index a transition's tokens in the plan (transition h starts at column
         h * T); absolute positions are where a token sits in the model's sequence, the plan
@@ -441,6 +466,14 @@ class BeamPlanner:
         layout, decode = cache.layout, model.decoder(cache)  # decode(tokens, position)
         n_beams = layout.per_copy  # G * B rows hold the beams (expansion copy 0)
         n_candidates = n_beams * X  # every beam's X expansion copies
+        # Rows that decode observations. The native CPU step takes any rows, so only the beams
+        # do and their copies are refilled after; the PyTorch step keeps one shape for the
+        # whole search (one compiled graph), so every copy decodes what its beam does.
+        obs_rows = n_beams if getattr(decode, "rows_may_vary", False) else n_candidates
+        at = self._position  # absolute position -> device tensor (1,)
+        sampling = {kind: c.sampling(kind) for kind in ("obs", "act", "reward", "value")}
+        n_bins = model.config.n_bins
+        noise = TransitionNoise(sampling, act_dim, obs_dim, n_bins, G, B, X, context.device)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
         logits = logits[env_of_row]  # (rows, N)
         beams = _Beams(
@@ -454,19 +487,23 @@ class BeamPlanner:
         for h in range(H):
             column = h * T  # transition h's first plan column
             position = plan_start + column  # ... and its absolute position
+            noise.draw(generators, last=h == H - 1)
 
             # Actions: every candidate samples its own, so the X copies of a beam diverge.
             for j in range(obs_dim, REWARD):
-                beams.tokens[:, column + j] = token = self._sample(logits, "act")
-                logits = decode(token, position + j)  # (rows, N)
+                token = self._sample(logits, "act", noise.rows("act", j - obs_dim))
+                beams.tokens[:, column + j] = token
+                logits = decode(token, at(position + j))  # (rows, N)
 
             # Reward and value: their expectations score the candidate; a token of each is
             # fed back into the sequence.
             reward = self._expected(logits, REWARD)  # (rows,)
-            beams.tokens[:, column + REWARD] = token = self._sample(logits, "reward")
-            logits = decode(token, position + REWARD)
+            beams.tokens[:, column + REWARD] = token = self._sample(
+                logits, "reward", noise.rows("reward")
+            )
+            logits = decode(token, at(position + REWARD))
             value = self._expected(logits, VALUE)  # (rows,)
-            beams.tokens[:, column + VALUE] = self._sample(logits, "value")
+            beams.tokens[:, column + VALUE] = self._sample(logits, "value", noise.rows("value"))
             candidate_scores = self._score(beams, h, reward, value)  # (rows,)
 
             # Select: the best B of each env's X * B candidates become its beams, rows [0, G*B).
@@ -476,26 +513,27 @@ class BeamPlanner:
                 beams.select_(chosen)
                 break
             beams.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
-            # Only the planned positions move, and only on the beams: the context is shared,
-            # and the other expansion copies are refilled below.
-            cache.reorder_(chosen, position + VALUE, start=context_length)
+            # Only the planned positions move: the context is shared.
+            parent = layout.repeat(chosen, obs_rows // n_beams)  # (obs_rows,)
+            cache.reorder_(parent, position + VALUE, start=context_length)
 
-            # Next observation, on the beams only: decode the value token, then sample the O
-            # observation tokens of transition h + 1.
-            logits = decode(beams.tokens[:n_beams, column + VALUE], position + VALUE)
+            # Next observation: decode the value token, then sample the O observation tokens
+            # of transition h + 1, one draw per beam that its copies share.
+            value_tokens = beams.tokens[:obs_rows, column + VALUE].contiguous()
+            logits = decode(value_tokens, at(position + VALUE))
             next_column = column + T
             for i in range(obs_dim):
-                token = self._sample(logits[:n_beams], "obs")
-                beams.tokens[:n_beams, next_column + i] = token
-                logits = decode(token, plan_start + next_column + i)  # (beams, N)
+                token = self._sample(logits[:n_beams], "obs", noise.rows("obs", i))  # (beams,)
+                beams.tokens[:, next_column + i] = layout.repeat(token, X)
+                logits = decode(layout.repeat(token, obs_rows // n_beams), at(position + T + i))
 
-            # Refill: the other expansion copies continue the beams from here.
-            if X > 1:
+            # Refill: where only the beams decoded, the other copies continue them from here.
+            # Either way every copy starts from its beam's very logits, so that copies which
+            # then draw the same tokens tie exactly, whatever rounding their rows got.
+            if obs_rows < n_candidates:
                 written = plan_start + next_column + obs_dim  # positions decoded so far
                 cache.repeat_rows_(n_beams, X, written, start=context_length)
-                observation = slice(next_column, next_column + obs_dim)
-                beams.tokens[:, observation] = layout.repeat(beams.tokens[:n_beams, observation], X)
-                logits = layout.repeat(logits, X)  # (rows, N)
+            logits = layout.repeat(logits[:n_beams], X)  # (rows, N)
 
         return _Search(
             tokens=beams.tokens[:n_beams].view(G, B, H, T),

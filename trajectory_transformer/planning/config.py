@@ -49,8 +49,8 @@ class PlannerConfig:
     deterministic: bool = False
     """Greedy (argmax) tokens everywhere instead of sampling; for tests and ablations."""
     seed: int = 0
-    """Seed of the planner's random generator, re-applied by `reset` (evaluation derives one
-    independent stream from it per wave of episodes)."""
+    """Seed of the planner's random streams: `reset` and evaluation derive one independent
+    stream from it per episode (`BeamPlanner.episode_stream`)."""
     value: str = "model"
     """What ends a beam's score: `model`, the model's own expected value token; or `critic`,
     an IQL critic's `Q(s_h, a_h)` of the transition just planned, with the planned rewards

@@ -3,7 +3,7 @@
 Deliberately plain: one environment at a time, the whole sequence re-run through the model
 for every token, sequences grown with `torch.cat`. It follows `BeamPlanner`'s algorithm and row
 order step by step, so with greedy sampling both return the same plans, and for a single
-environment they also consume the random generator in the same order.
+environment they also draw the same random numbers (`TransitionNoise`, one env's share).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
-from trajectory_transformer.planning.sampling import sample_tokens
+from trajectory_transformer.planning.sampling import TransitionNoise, sample_tokens
 
 
 @torch.inference_mode()
@@ -71,8 +71,11 @@ def _search_one(
     def next_logits(sequences: torch.Tensor) -> torch.Tensor:
         return model(sequences)[:, -1]  # (rows, N), the whole prefix every time
 
-    def sample(logits: torch.Tensor, kind: str) -> torch.Tensor:
-        return sample_tokens(logits, generator, **c.sampling(kind))
+    sampling = {kind: c.sampling(kind) for kind in ("obs", "act", "reward", "value")}
+    noise = TransitionNoise(sampling, n_act, n_obs, model.config.n_bins, 1, B, X, context.device)
+
+    def sample(logits: torch.Tensor, kind: str, index: int = 0) -> torch.Tensor:
+        return sample_tokens(logits, noise.rows(kind, index), **c.sampling(kind))
 
     def expected(logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / c.temperature).softmax(dim=-1)
@@ -83,8 +86,9 @@ def _search_one(
     values = torch.zeros(B * X, H, device=context.device)
     so_far = torch.zeros(B * X, device=context.device)
     for h in range(H):
-        for _ in range(n_act):
-            token = sample(next_logits(sequences), "act")
+        noise.draw([generator], last=h == H - 1)
+        for j in range(n_act):
+            token = sample(next_logits(sequences), "act", j)
             sequences = torch.cat([sequences, token[:, None]], dim=1)
         logits = next_logits(sequences)
         reward = expected(logits, n_obs + n_act)
@@ -106,8 +110,8 @@ def _search_one(
         so_far = so_far[chosen]
         if h == H - 1:
             break
-        for _ in range(n_obs):
-            token = sample(next_logits(sequences), "obs")
+        for i in range(n_obs):
+            token = sample(next_logits(sequences), "obs", i)
             sequences = torch.cat([sequences, token[:, None]], dim=1)
         sequences, rewards, values = (
             t.repeat(X, *[1] * (t.ndim - 1)) for t in (sequences, rewards, values)

@@ -3,8 +3,10 @@
 The order follows the original Trajectory Transformer: divide by the temperature, then keep
 the smallest set of tokens whose cumulative probability reaches `cdf`, then the `top_k` most
 likely, then draw. Draws use the exponential race (argmax of p / Exp(1)), which samples from p
-exactly with one `torch.Generator` and, unlike `torch.multinomial`, never checks the
-distribution on the host.
+exactly and, unlike `torch.multinomial`, never checks the distribution on the host. The Exp(1)
+noise is drawn ahead, a planned transition's worth at a time (`TransitionNoise`), so sampling
+is an argmax over given tensors: no generator inside the decode loop, which a captured or
+compiled step could not call.
 """
 
 from __future__ import annotations
@@ -55,32 +57,98 @@ def filter_logits(
     return logits
 
 
-def sample_categorical(logits: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token index (...,) int64 per row of logits (..., N), drawn with `generator`."""
-    probs = logits.softmax(dim=-1)
-    # Exp(1) draws as -log(U), cheaper than `exponential_` on the CPU. U < 1 keeps
-    # every draw above 0 (a zero draw would turn a zero-probability token into 0/0 = NaN, which
-    # argmax picks); the clamp keeps it finite, so a possible token always beats impossible ones.
-    uniform = torch.rand(probs.shape, generator=generator, dtype=probs.dtype, device=probs.device)
-    race = uniform.clamp_min_(1e-30).log_().neg_()  # (..., N)
-    return (probs / race).argmax(dim=-1)
+def exponential_noise_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Fill `out` with Exp(1) draws from `generator`, in place; returns it.
+
+    Drawn as -log(U), cheaper than `exponential_` on the CPU. U < 1 keeps every draw above 0
+    (a zero draw would turn a zero-probability token into 0/0 = NaN, which argmax picks); the
+    clamp keeps it finite, so a possible token always beats impossible ones.
+    """
+    torch.rand(out.shape, generator=generator, dtype=out.dtype, device=out.device, out=out)
+    return out.clamp_min_(1e-30).log_().neg_()
+
+
+def sample_categorical(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One token index (...,) int64 per row of logits (..., N): the exponential race over
+    Exp(1) `noise` (..., N), argmax of p / noise."""
+    return (logits.softmax(dim=-1) / noise).argmax(dim=-1)
+
+
+def draws_noise(top_k: int | None = None, deterministic: bool = False, **_: object) -> bool:
+    """Whether `sample_tokens` with these settings reads noise: not when greedy."""
+    return not (deterministic or top_k == 1)
 
 
 def sample_tokens(
     logits: torch.Tensor,
-    generator: torch.Generator | None,
+    noise: torch.Tensor | None,
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
     cdf: float | None = None,
     deterministic: bool = False,
 ) -> torch.Tensor:
-    """Tokens (...,) from logits (..., N): greedy when `deterministic`, else filtered draws.
+    """Tokens (...,) from logits (..., N): greedy when `deterministic`, else filtered draws
+    with Exp(1) `noise` (..., N).
 
     Greedy ignores the filters and the temperature: none of them moves the argmax. Top-1 (the
-    planner's default for observations) keeps only the argmax, so it is greedy too and draws
-    nothing.
+    planner's default for observations) keeps only the argmax, so it is greedy too and reads
+    no noise (`draws_noise`).
     """
-    if deterministic or top_k == 1:
+    if not draws_noise(top_k, deterministic):
         return logits.argmax(dim=-1)
-    return sample_categorical(filter_logits(logits, temperature, top_k, cdf), generator)
+    return sample_categorical(filter_logits(logits, temperature, top_k, cdf), noise)
+
+
+class TransitionNoise:
+    """The Exp(1) noise of every draw of one planned transition, for G environments.
+
+    Per env, in this order: the A action tokens of its X * B candidates, their reward and value
+    tokens, then the O observation tokens of its B beams (each kind only where it is sampled,
+    observations only when another transition follows). `draw` fills each env's share from
+    that env's own generator into a buffer allocated once, so an env's plans depend on its
+    stream alone, not on which other envs are planned beside it. `rows` hands a draw out in
+    the rows' `RowLayout` order (copy, env, beam).
+    """
+
+    def __init__(
+        self,
+        sampling: dict[str, dict],
+        action_dim: int,
+        observation_dim: int,
+        n_bins: int,
+        groups: int,
+        beams: int,
+        copies: int,
+        device: torch.device | str | None = None,
+    ) -> None:
+        self.groups, self.beams, self.copies = groups, beams, copies
+        candidates = copies * beams
+        counts = {"act": action_dim, "reward": 1, "value": 1, "obs": observation_dim}
+        self._segments: dict[str, tuple[int, int, int]] = {}  # kind: (start, draws, rows)
+        start = 0
+        for kind, count in counts.items():
+            if draws_noise(**sampling[kind]):
+                rows = beams if kind == "obs" else candidates
+                self._segments[kind] = (start, count, rows)
+                start += count * rows
+        self._obs_draws = counts["obs"] * beams if "obs" in self._segments else 0
+        self.buffer = torch.empty(groups, start, n_bins, device=device)  # (G, draws, N)
+
+    def draw(self, generators: list[torch.Generator], last: bool = False) -> None:
+        """New noise for the next transition, env g's from `generators[g]`; the `last`
+        transition samples no observation."""
+        end = self.buffer.shape[1] - (self._obs_draws if last else 0)
+        for env, generator in enumerate(generators):
+            exponential_noise_(self.buffer[env, :end], generator)
+
+    def rows(self, kind: str, index: int = 0) -> torch.Tensor | None:
+        """Noise (rows, N) for draw `index` of `kind` (obs, act, reward, value), rows in
+        (copy, env, beam) order (observations: the beams only); None if not sampled."""
+        if kind not in self._segments:
+            return None
+        start, _, rows = self._segments[kind]
+        block = self.buffer[:, start + index * rows : start + (index + 1) * rows]  # (G, rows, N)
+        copies = rows // self.beams
+        block = block.view(self.groups, copies, self.beams, -1)  # (G, X, B, N)
+        return block.transpose(0, 1).reshape(copies * self.groups * self.beams, -1)

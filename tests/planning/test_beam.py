@@ -118,7 +118,12 @@ def test_same_seed_same_plan_other_seed_other_plan() -> None:
 @torch.inference_mode()
 def test_beam_reorder_matches_a_recompute_of_the_selected_tokens() -> None:
     model, disc = tiny_model(), tiny_discretizer()
-    config = PlannerConfig(**{**SMALL, "horizon": 4, "beam_width": 5, "n_expand": 3})
+    # Sampled feedback as well as sampled actions, so that the final beams differ.
+    config = PlannerConfig(
+        **{**SMALL, "horizon": 4, "beam_width": 5, "n_expand": 3},
+        reward_token="sample",
+        value_token="sample",
+    )
     planner = BeamPlanner(model, disc, config)
     G, n, B, H = 2, 1, 5, 4
     context = torch.randint(0, N, (G, n * T + OBS), generator=torch.Generator().manual_seed(5))

@@ -33,7 +33,13 @@ from trajectory_transformer.planning import BeamPlanner
 GOLDEN = Path(__file__).with_name("golden_plan.json")
 OBS, ACT, N = 3, 2, 13
 T = OBS + ACT + 2
-SETTINGS = dict(horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act=0.9, k_obs=2)
+# Sampled reward and value feedback (not the default): the plan then draws from every kind of
+# token, so the pin covers the most of the sampling; greedy feedback is checked against the
+# naive planner in test_beam.py.
+SETTINGS = dict(
+    horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act=0.9, k_obs=2,
+    reward_token="sample", value_token="sample",
+)  # fmt: skip
 NOISE_SCALES = (1e-5, 1e-4, 1e-3, 1e-2)
 """Relative noise on the logits probed by `margins()`."""
 NOISE_DIRECTIONS = 6

@@ -24,7 +24,11 @@ from trajectory_transformer.planning.sampling import filter_cdf
 OBS, ACT, N = 3, 2, 11
 T = OBS + ACT + 2
 REWARD, VALUE = OBS + ACT, OBS + ACT + 1
-SEARCH = dict(horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act=0.6)
+# Sampled reward and value feedback, so that a tiny random model's beams differ enough to rank.
+SEARCH = dict(
+    horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act=0.6,
+    reward_token="sample", value_token="sample",
+)  # fmt: skip
 
 
 def model(scale: float = 8.0):

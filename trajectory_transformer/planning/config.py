@@ -40,11 +40,12 @@ class PlannerConfig:
     value_percentile: float | None = None
     """Score rewards and values by this percentile of their predicted distributions, in (0, 1);
     None uses the mean."""
-    reward_token: str = "sample"
+    reward_token: str = "greedy"
     """The reward token fed back into the sequence after a planned action: `greedy`, the most
     likely one (the original's `k_rew=1`), or `sample`d from the predicted distribution. The
-    beam's score uses the expectation either way."""
-    value_token: str = "sample"
+    beam's score uses the expectation either way. `greedy` by measurement: AdaStop could not
+    tell the two apart (README, "Where this differs from the original code")."""
+    value_token: str = "greedy"
     """The value token fed back into the sequence: `greedy` or `sample`, as `reward_token`."""
     deterministic: bool = False
     """Greedy (argmax) tokens everywhere instead of sampling; for tests and ablations."""

@@ -33,6 +33,9 @@ import resource
 import subprocess
 import sys
 
+import trajectory_transformer  # noqa: F401  first: sets the OpenMP wait policy before torch loads
+
+# isort: split
 import gymnasium as gym
 import numpy as np
 import torch

@@ -4,6 +4,10 @@
     python scripts/bench_planner.py --envs 10
     python scripts/bench_planner.py --naive --reps 1
     python scripts/bench_planner.py --compare-torch  # native CPU kernel vs PyTorch, alternated
+    python scripts/bench_planner.py --contend 1      # next to one busy process
+
+`--contend N` starts N busy processes (Python spin loops) before the warm-up and stops them
+after the timed calls: the planner's speed on a machine shared with other jobs.
 
 Prints a short summary, then as its last line one JSON object with `ms_per_plan`,
 `ms_per_env_step` (= ms_per_plan / envs), the settings, the matmul FLOPs of one plan call
@@ -15,9 +19,17 @@ does, and as it would be with a copy of the context per beam).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 
+import trajectory_transformer  # noqa: F401  first: sets the OpenMP wait policy before torch loads
+
+# isort: split
 import numpy as np
 import torch
 
@@ -48,6 +60,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument(
         "--no-native", action="store_true", help="decode without the native CPU kernel"
+    )
+    parser.add_argument(
+        "--contend", type=int, default=0, help="busy processes running during the measurement"
     )
     parser.add_argument(
         "--compare-torch",
@@ -110,6 +125,18 @@ def attention_kv_bytes(
         if h < H - 1:  # value token and the next observation, on the survivors
             total += sum(step(envs * B, p + A + 1 + i) for i in range(O + 1))
     return total
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """`count` processes that spin on a core each until the block ends."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def main() -> None:
@@ -178,13 +205,15 @@ def main() -> None:
     if use_native and native.kernels() is None:
         raise SystemExit("the native kernel is unavailable here; run with --no-native")
     variants = [use_native, False] if args.compare_torch and use_native else [use_native]
-    for _ in range(args.warmup):
-        for variant in variants:
-            timed(variant)
+    load = os.getloadavg()
     times: dict[bool, list[float]] = {variant: [] for variant in variants}
-    for _ in range(args.reps):  # alternated, so both see the same machine load
-        for variant in variants:
-            times[variant].append(timed(variant))
+    with busy_processes(args.contend):
+        for _ in range(args.warmup):
+            for variant in variants:
+                timed(variant)
+        for _ in range(args.reps):  # alternated, so both see the same machine load
+            for variant in variants:
+                times[variant].append(timed(variant))
     ms = 1e3 * float(np.median(times[use_native]))
     flops = plan_flops(gpt, planner.config, args.envs)
     kv_bytes = attention_kv_bytes(gpt, planner.config, args.envs)
@@ -202,6 +231,8 @@ def main() -> None:
         "kv_gb_per_s": round(kv_bytes / (ms * 1e6), 2),
         "device": str(device),
         "threads": torch.get_num_threads(),
+        "wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average": [round(x, 2) for x in load],  # before the busy processes started
         "reps": args.reps,
         **{k: v for k, v in vars(args).items() if k not in ("naive", "reps", "device", "threads")},
     }
@@ -212,7 +243,8 @@ def main() -> None:
     print(
         f"{result['planner']} planner, {args.envs} env(s), beam {args.beam} x expand "
         f"{args.expand}, horizon {args.horizon}, context {args.context} on {device} "
-        f"({torch.get_num_threads()} threads): {ms:.1f} ms per plan (median of {args.reps}), "
+        f"({torch.get_num_threads()} threads, {args.contend} busy processes beside): "
+        f"{ms:.1f} ms per plan (median of {args.reps}), "
         f"{ms / args.envs:.1f} ms per env step, {flops / 1e9:.2f} GFLOP per plan "
         f"(cached-path count) = {flops / (ms * 1e6):.1f} GFLOP/s; attention reads "
         f"{kv_bytes / 1e9:.2f} GB of cached keys/values ({kv_bytes_unshared / 1e9:.2f} GB "

@@ -1,5 +1,8 @@
 """Trajectory Transformer: offline RL as sequence modelling, with a batched, cached planner."""
 
+# First, before anything imports torch: the OpenMP wait policy is read when torch loads.
+from trajectory_transformer import threads  # noqa: F401  # isort: skip
+
 from trajectory_transformer.checkpoint import Checkpoint, load_checkpoint
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo, load_episodes

@@ -24,3 +24,22 @@ def test_windows_stay_in_their_episode_and_mask_padding():
     # Window 7: the last step of episode 1, then padding (never the start of another episode).
     assert torch.equal(tokens[2, :2], all_tokens[7])
     assert mask[2].tolist() == [True] * 2 + [False] * 6
+
+
+def test_tokens_are_stored_in_the_smallest_type_and_batches_come_as_int64():
+    transitions = np.random.default_rng(0).normal(size=(50, 3)).astype(np.float32)
+    lengths = np.array([20, 30])
+    for n_bins, stored in [(100, torch.uint8), (256, torch.uint8), (300, torch.int16)]:
+        discretizer = Discretizer.fit(transitions, n_bins, "uniform")
+        windows = TokenWindows(transitions, lengths, discretizer, sequence_transitions=4)
+        assert windows.tokens.dtype == stored
+        assert windows.to("cpu") is windows
+        ids = torch.tensor([0, 19, 20, 49])
+        tokens, mask = windows.batch(ids)
+        assert tokens.dtype == torch.int64 and mask.dtype == torch.bool
+        expected = discretizer.encode(torch.as_tensor(transitions))
+        assert torch.equal(tokens[1, :3], expected[19])  # the top bins survive the narrow type
+        assert torch.equal(tokens[3, :3], expected[49])
+    # Two bytes a token at 300 bins, not eight: (50 + 2 * 3 padding rows) x 3 tokens.
+    assert windows.tokens.nbytes == 56 * 3 * 2
+    assert windows.nbytes == windows.tokens.nbytes + 56 + 8 * 50 + 8 * 4

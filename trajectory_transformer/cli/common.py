@@ -19,6 +19,7 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from trajectory_transformer import threads
 from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.cli.schemas import (
     CollectConfig,
@@ -212,6 +213,7 @@ def command(config_name: str) -> Callable[[Callable[[DictConfig], None]], Callab
         @functools.wraps(task)
         def main() -> None:
             check_command_line(config_name, sys.argv[1:])
+            threads.fit_threads_to_cpus()  # a container's CPU quota, unless OMP_NUM_THREADS
             hydra_main()
 
         return main

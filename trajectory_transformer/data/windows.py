@@ -3,14 +3,31 @@
 The whole dataset is tokenised a single time into one array in which every episode is
 followed by `L - 1` padding rows, so a window starting at any step of an episode is a plain
 slice that never crosses into the next episode. A batch is one gather of those slices.
+
+The tokens are stored in the smallest integer type that holds `n_bins` bins (one byte for up
+to 256 bins, 8x less than int64) and live on the training device (`to(device)`), so that a
+batch is gathered where it is used; the embedding takes int64 indices, so each batch is
+widened on that device after its gather.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
+
+
+def token_dtype(n_bins: int) -> torch.dtype:
+    """The smallest integer type that holds the tokens 0 .. n_bins - 1 and that torch can
+    gather from (its uint16 and uint32 support few operators)."""
+    if n_bins <= 256:
+        return torch.uint8
+    if n_bins <= 2**15:
+        return torch.int16
+    return torch.int32
 
 
 class TokenWindows:
@@ -36,8 +53,9 @@ class TokenWindows:
         offset_in_episode = np.arange(len(episode_of_row)) - first_row[episode_of_row]
         rows = torch.as_tensor(padded_starts[episode_of_row] + offset_in_episode)
 
-        self.tokens = torch.zeros(total, transition_dim, dtype=torch.long)  # (N + pad, T)
-        self.tokens[rows] = tokens
+        dtype = token_dtype(discretizer.n_bins)
+        self.tokens = torch.zeros(total, transition_dim, dtype=dtype)  # (N + pad, T)
+        self.tokens[rows] = tokens.to(dtype)
         self.valid = torch.zeros(total, dtype=torch.bool)  # (N + pad,)
         self.valid[rows] = True
         self.starts = rows  # (W,) one window per real transition
@@ -48,9 +66,30 @@ class TokenWindows:
     def __len__(self) -> int:
         return len(self.starts)
 
+    @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the windows: tokens, validity and window starts."""
+        return sum(t.nbytes for t in (self.tokens, self.valid, self.starts, self._offsets))
+
+    def to(self, device: torch.device | str) -> TokenWindows:
+        """The same windows with their tensors on `device` (self when they are there)."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        moved = copy.copy(self)
+        for name in ("tokens", "valid", "starts", "_offsets"):
+            setattr(moved, name, getattr(self, name).to(device))
+        return moved
+
     def batch(self, window_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token sequences (B, L * T) and their loss mask (B, L * T) for the given windows."""
+        """Token sequences (B, L * T) as int64 and their loss mask (B, L * T) for the given
+        windows, on the windows' device."""
+        window_ids = window_ids.to(self.device, non_blocking=True)
         rows = self.starts[window_ids, None] + self._offsets  # (B, L)
-        tokens = self.tokens[rows].flatten(1)  # (B, L * T)
+        tokens = self.tokens[rows].flatten(1).long()  # (B, L * T)
         mask = self.valid[rows].repeat_interleave(self.transition_dim, dim=1)  # (B, L * T)
         return tokens, mask

@@ -308,17 +308,20 @@ class Trainer:
         dist: Distributed | None = None,
     ) -> None:
         self.model = model
-        self.windows = windows
+        self.device = next(model.parameters()).device
+        # The token windows (one byte a token) live where the batches are used.
+        self.windows = windows.to(self.device)
         self.cfg = cfg
         self.save = save
         self.dist = dist or Distributed.single()
         self.log = log if self.dist.is_main else None
         self.progress = progress and self.dist.is_main
-        self.validation = validation if validation is not None and len(validation) else None
+        self.validation = (
+            validation.to(self.device) if validation is not None and len(validation) else None
+        )
         if cfg.eval_every is not None and evaluate is None and self.dist.is_main:
             raise ValueError("trainer.eval_every needs an `evaluate` function to call")
         self.evaluate = evaluate  # rank 0's; the other ranks wait while it plays
-        self.device = next(model.parameters()).device
         self.forward = self._training_forward(model)
         self.weights = loss_weights(model, cfg).to(self.device)
         self.kinds = token_kinds(model).to(self.device)
@@ -581,8 +584,7 @@ class Trainer:
         """One optimisation step on the given (global) batch of windows; returns this rank's
         share of the loss (on the device; the ranks' shares sum to the batch's loss)."""
         self._rng_at_step_start = self._rng_state()
-        tokens, mask = self.windows.batch(self.dist.share(window_ids))
-        tokens, mask = tokens.to(self.device), mask.to(self.device)
+        tokens, mask = self.windows.batch(self.dist.share(window_ids))  # on self.device
         token_count = self.dist.sum_(mask[:, 1:].sum(dtype=torch.float32))
         with self._autocast():
             logits = self.forward(tokens[:, :-1])  # (B, S - 1, N)
@@ -639,7 +641,6 @@ class Trainer:
         try:
             for ids in self._validation_ids.split(self.cfg.batch_size):
                 tokens, mask = self.validation.batch(ids)
-                tokens, mask = tokens.to(self.device), mask.to(self.device)
                 with self._autocast():
                     logits = self.model(tokens[:, :-1])
                 ce = token_cross_entropy(logits, tokens[:, 1:])  # (B, S)

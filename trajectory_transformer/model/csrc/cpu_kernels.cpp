@@ -265,6 +265,13 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
   return out;
 }
 
+// Rows of C columns that a pointwise pass (norm, bias, GELU) runs on one thread: a few
+// microseconds of work. Each parallel region costs a hand-off to the other threads and a wait
+// for the slowest; with idle cores that is cheap, but on a machine whose cores are busy every
+// region waits for a thread to be scheduled. So a decode step of a few dozen rows keeps its
+// parallel regions for the matrix products and the attention.
+inline int64_t serial_rows(int64_t C) { return std::max<int64_t>(1, (int64_t{1} << 15) / C); }
+
 // x += bias (per column), then out = LayerNorm(x) over the C columns of each row.
 void add_bias_layer_norm(torch::Tensor& x, const torch::Tensor* bias, const torch::Tensor& weight,
                          const torch::Tensor& shift, double eps, torch::Tensor& out) {
@@ -274,7 +281,7 @@ void add_bias_layer_norm(torch::Tensor& x, const torch::Tensor* bias, const torc
   const float* b = bias ? bias->data_ptr<float>() : nullptr;
   const float* w = weight.data_ptr<float>();
   const float* sh = shift.data_ptr<float>();
-  at::parallel_for(0, rows, 32, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, serial_rows(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* __restrict__ row = xs + r * C;
       float* __restrict__ o = os + r * C;
@@ -299,7 +306,7 @@ void add_bias_gelu(torch::Tensor& x, const torch::Tensor& bias) {
   float* xs = x.data_ptr<float>();
   const float* b = bias.data_ptr<float>();
   const float root_half = static_cast<float>(M_SQRT1_2);
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, serial_rows(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float* __restrict__ row = xs + r * C;
       int64_t c = 0;

@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trajectory_transformer"
 
 # What each part of the library may import of the package (besides itself).
 ALLOWED = {
+    "threads": set(),  # imported first of all, before torch loads
     "scores": set(),
     "suites": {"scores"},
     "data": {"suites", "scores"},

@@ -27,7 +27,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-import trajectory_transformer  # noqa: F401  first: sets the OpenMP wait policy before torch loads
+import trajectory_transformer  # first: sets the OpenMP wait before torch loads
 
 # isort: split
 import numpy as np
@@ -231,7 +231,7 @@ def main() -> None:
         "kv_gb_per_s": round(kv_bytes / (ms * 1e6), 2),
         "device": str(device),
         "threads": torch.get_num_threads(),
-        "wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "wait_policy": trajectory_transformer.threads.wait_policy,  # how OpenMP workers wait
         "load_average": [round(x, 2) for x in load],  # before the busy processes started
         "reps": args.reps,
         **{k: v for k, v in vars(args).items() if k not in ("naive", "reps", "device", "threads")},

@@ -2,20 +2,25 @@
 
 A planner's decode step on the CPU runs several short parallel regions per layer and token.
 By default the OpenMP runtime behind torch (GNU libgomp on Linux) lets a worker that finished
-its part spin for a while before it sleeps. On a machine whose cores are all busy, a spinning
-worker holds a core that the thread it waits for needs, and each region's end becomes a wait
-for the scheduler's next time slice: a plan call that takes a third of a second alone took
-tens of seconds next to one other busy process (BENCHMARKS.md, "Planning next to other
-jobs"). With the passive policy a worker sleeps at once and is woken when there is work.
+its part spin for a long while (300,000 spins) before it sleeps. On a machine whose cores are
+all busy, a spinning worker holds a core that the thread it waits for needs, and each region's
+end becomes a wait for the scheduler's next time slice: a plan call that takes a third of a
+second alone took tens of seconds next to one other busy process (BENCHMARKS.md, "Planning
+next to other jobs"). A worker that sleeps at once (`OMP_WAIT_POLICY=PASSIVE`) avoids that but
+pays a wake-up for every region, about 1.3x on a 1-env plan call alone. A short spin keeps
+most of both: the next region of a decode step starts within microseconds, while a worker
+whose core is wanted elsewhere gives it up almost at once.
 
-The runtime reads `OMP_WAIT_POLICY` once, when torch's libraries are loaded. So importing this
-package sets it to `PASSIVE` when the user has set neither it nor `GOMP_SPINCOUNT`, and only
+The runtime reads these variables once, when torch's libraries are loaded. So importing this
+package sets `GOMP_SPINCOUNT=300` (libgomp: spin that many times, then sleep) and
+`OMP_WAIT_POLICY=PASSIVE` (what LLVM's libomp, on macOS, understands; libgomp lets the spin
+count override it) when the user has set none of the variables that choose a wait, and only
 while torch is not imported yet: the package's `__init__` imports this module before anything
 that imports torch, and the command-line entry points live inside the package. A program that
-imports torch before this package keeps the runtime's default (spinning); set
-`OMP_WAIT_POLICY=PASSIVE` in its environment, or import `trajectory_transformer` first.
-`OMP_WAIT_POLICY=ACTIVE` restores spinning, which a machine with idle cores to spare may
-prefer (see BENCHMARKS.md for the cost of either).
+imports torch before this package keeps the runtime's default (a long spin); set the two
+variables in its environment, or import `trajectory_transformer` first.
+`OMP_WAIT_POLICY=ACTIVE` restores unbounded spinning, which a machine with idle cores to spare
+may prefer (see BENCHMARKS.md for the cost of each choice).
 """
 
 from __future__ import annotations
@@ -25,22 +30,30 @@ import sys
 from pathlib import Path
 
 WAIT_POLICY_VARIABLE = "OMP_WAIT_POLICY"
-USER_VARIABLES = (WAIT_POLICY_VARIABLE, "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+SPIN_COUNT_VARIABLE = "GOMP_SPINCOUNT"
+USER_VARIABLES = (WAIT_POLICY_VARIABLE, SPIN_COUNT_VARIABLE, "KMP_BLOCKTIME")
+SHORT_SPIN = "300"
+"""Spins before a libgomp worker sleeps: alone, as fast as a longer spin within the noise;
+next to one busy process, about 2x the time alone (BENCHMARKS.md, "A short spin")."""
 
 
-def prefer_passive_wait() -> str | None:
-    """Set `OMP_WAIT_POLICY=PASSIVE` unless the user chose a policy or torch is already loaded.
+def prefer_short_spin() -> str | None:
+    """Set a short spin, then sleep (`GOMP_SPINCOUNT=300`, `OMP_WAIT_POLICY=PASSIVE`), unless
+    the user chose how threads wait or torch is already loaded.
 
-    Returns the policy that this process's OpenMP runtime will use as far as can be told from
-    here: the user's `OMP_WAIT_POLICY`, `PASSIVE` when this call set it, or None when torch
-    was loaded first (so the runtime's default holds) or the user set only a spin count.
+    Returns the wait this process's OpenMP runtime will use as far as can be told from here:
+    `GOMP_SPINCOUNT=<n>` when a spin count is set (by this call or the user), else the user's
+    `OMP_WAIT_POLICY`, or None when torch was loaded first (so the runtime's default holds)
+    or the user set only `KMP_BLOCKTIME`.
     """
-    if any(name in os.environ for name in USER_VARIABLES):
-        return os.environ.get(WAIT_POLICY_VARIABLE)
-    if "torch" in sys.modules:  # its OpenMP runtime has read the environment already
-        return None
-    os.environ[WAIT_POLICY_VARIABLE] = "PASSIVE"
-    return "PASSIVE"
+    if not any(name in os.environ for name in USER_VARIABLES):
+        if "torch" in sys.modules:  # its OpenMP runtime has read the environment already
+            return None
+        os.environ[SPIN_COUNT_VARIABLE] = SHORT_SPIN
+        os.environ[WAIT_POLICY_VARIABLE] = "PASSIVE"
+    if SPIN_COUNT_VARIABLE in os.environ:
+        return f"{SPIN_COUNT_VARIABLE}={os.environ[SPIN_COUNT_VARIABLE]}"
+    return os.environ.get(WAIT_POLICY_VARIABLE)
 
 
 def available_cpus() -> int:
@@ -75,5 +88,5 @@ def fit_threads_to_cpus() -> int:
     return threads
 
 
-wait_policy = prefer_passive_wait()
-"""The wait policy this import chose or found (see `prefer_passive_wait`)."""
+wait_policy = prefer_short_spin()
+"""The wait this import chose or found (see `prefer_short_spin`)."""

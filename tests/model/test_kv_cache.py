@@ -7,6 +7,7 @@ import torch
 from conftest import tiny_gpt
 
 from trajectory_transformer.model import KVCache, TrajectoryGPT
+from trajectory_transformer.model.kv_cache import gather_rows_
 
 OBS, ACT, N = 3, 2, 7
 T = OBS + ACT + 2
@@ -87,6 +88,19 @@ def test_repeat_rows_equals_reorder_by_repeated_rows() -> None:
     assert torch.equal(cache.keys, expected.keys) and torch.equal(cache.values, expected.values)
     with pytest.raises(ValueError, match="exceeds"):
         cache.repeat_rows_(rows=2, copies=4, length=5)
+
+
+@pytest.mark.parametrize("by_layer", [True, False])
+def test_gather_rows_layer_by_layer_or_at_once_equals_indexing(by_layer: bool) -> None:
+    """The CPU's layer-by-layer gather and the other devices' single gather are one result:
+    the rows re-indexed over [start, length), every other position and row untouched."""
+    g = torch.Generator().manual_seed(5)
+    buf = torch.randn(3, 6, 2, 5, 4, generator=g)  # (L, R, nh, M, hs)
+    parent = torch.tensor([4, 4, 0, 5])  # overlapping sources and targets, a repeat
+    expected = buf.clone()
+    expected[:, :4, :, 1:4] = buf[:, parent, :, 1:4]
+    gather_rows_(buf, parent, start=1, length=4, by_layer=by_layer)
+    assert torch.equal(buf, expected)
 
 
 @torch.no_grad()

@@ -146,9 +146,7 @@ def checkpoint(tiny_dataset, tmp_path):
 
 
 @given(drawn=overrides(TRAIN_KEYS))
-def test_tt_train_starts_or_says_no_in_one_line(
-    drawn, tiny_dataset, tmp_path, monkeypatch, capsys
-):
+def test_tt_train_starts_or_says_no_in_one_line(drawn, tiny_dataset, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(Trainer, "train", start)
     run(train_cli.main, [*TINY_TRAINING, *drawn, f"hydra.run.dir={tmp_path}/train"], capsys)
 

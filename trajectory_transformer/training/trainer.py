@@ -49,6 +49,7 @@ TOKEN_KINDS = ("observation", "action", "reward", "value")
 class NonFiniteLossError(RuntimeError):
     """A step's loss or gradients were NaN or infinite: training stopped before applying it."""
 
+
 COOLDOWN_LINE = "cooling the learning rate down before stopping (Ctrl-C again: stop now)"
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -245,9 +246,7 @@ def learning_rate(cfg: TrainerConfig, tokens_seen: float, planned_tokens: float)
     )
 
 
-def schedule_free_optimizer(
-    adamw: torch.optim.AdamW, warmup_steps: int
-) -> torch.optim.Optimizer:
+def schedule_free_optimizer(adamw: torch.optim.AdamW, warmup_steps: int) -> torch.optim.Optimizer:
     """The `schedulefree` package's AdamW over `adamw`'s parameter groups (the same weight
     decay on the same parameters), its learning rate and betas, warming up over
     `warmup_steps`."""

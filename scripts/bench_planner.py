@@ -32,6 +32,7 @@ import trajectory_transformer  # first: sets the OpenMP wait before torch loads
 # isort: split
 import numpy as np
 import torch
+from paper_shape import add_model_flags, add_search_flags, model_config, search_settings
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
@@ -42,15 +43,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--obs", type=int, default=17, help="observation dimensions")
     parser.add_argument("--act", type=int, default=6, help="action dimensions")
-    parser.add_argument("--bins", type=int, default=100, help="bins per dimension")
-    parser.add_argument("--embd", type=int, default=128, help="embedding width")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq-transitions", type=int, default=10, help="model window")
-    parser.add_argument("--context", type=int, default=5, help="context transitions")
-    parser.add_argument("--horizon", type=int, default=5)
-    parser.add_argument("--beam", type=int, default=32)
-    parser.add_argument("--expand", type=int, default=2)
+    add_model_flags(parser)
+    add_search_flags(parser)
     parser.add_argument("--envs", type=int, default=1)
     parser.add_argument("--reps", type=int, default=5, help="timed plan calls")
     parser.add_argument("--warmup", type=int, default=1, help="untimed plan calls first")
@@ -145,30 +139,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    gpt = GPTConfig(
-        observation_dim=args.obs,
-        action_dim=args.act,
-        n_bins=args.bins,
-        sequence_transitions=args.seq_transitions,
-        n_layer=args.layers,
-        n_head=args.heads,
-        embedding_dim=args.embd,
-        dropout=0.0,
-    )
+    gpt = model_config(args, args.obs, args.act)
     model = TrajectoryGPT(gpt).to(device).eval()
     T = gpt.transition_dim
     data = np.random.default_rng(args.seed).normal(size=(2000, T))
     discretizer = Discretizer.fit(data, n_bins=args.bins).to(device)
-    planner = BeamPlanner(
-        model,
-        discretizer,
-        device=device,
-        horizon=args.horizon,
-        beam_width=args.beam,
-        n_expand=args.expand,
-        context_transitions=args.context,
-        seed=args.seed,
-    )
+    planner = BeamPlanner(model, discretizer, device=device, **search_settings(args))
     planner.reset(args.envs)
     # A full history of random real transitions for every env (what a running rollout has).
     generator = torch.Generator().manual_seed(args.seed)

@@ -39,12 +39,13 @@ import trajectory_transformer  # noqa: F401  first: sets the OpenMP wait policy 
 import gymnasium as gym
 import numpy as np
 import torch
+from paper_shape import add_model_flags, add_search_flags, model_config, search_settings
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import reward_to_go
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.evaluation import evaluate, make_vector_env
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
+from trajectory_transformer.model import TrajectoryGPT, native
 from trajectory_transformer.planning import BeamPlanner
 
 DEFAULT_ENV = "HalfCheetah-v5"
@@ -63,15 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--beam", type=int, default=32)
-    parser.add_argument("--expand", type=int, default=2)
-    parser.add_argument("--horizon", type=int, default=5)
-    parser.add_argument("--context", type=int, default=5, help="context transitions")
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--embd", type=int, default=128, help="embedding width")
-    parser.add_argument("--seq-transitions", type=int, default=10, help="model window")
-    parser.add_argument("--bins", type=int, default=100, help="bins per dimension")
+    add_search_flags(parser)
+    add_model_flags(parser)
     parser.add_argument(
         "--fit-steps", type=int, default=2000, help="random-action steps the discretizer is fit to"
     )
@@ -135,27 +129,12 @@ def random_rollout_rows(env_id: str, steps: int, seed: int) -> tuple[np.ndarray,
 
 
 def build_planner(args: argparse.Namespace, device: torch.device) -> BeamPlanner:
-    search = dict(
-        horizon=args.horizon,
-        beam_width=args.beam,
-        n_expand=args.expand,
-        context_transitions=args.context,
-        seed=args.seed,
-    )
+    search = search_settings(args)
     if args.checkpoint:
         return BeamPlanner.from_checkpoint(args.checkpoint, device=device, **search)
     rows, info = random_rollout_rows(args.env or DEFAULT_ENV, args.fit_steps, args.seed)
     torch.manual_seed(args.seed)
-    config = GPTConfig(
-        observation_dim=info.observation_dim,
-        action_dim=info.action_dim,
-        n_bins=args.bins,
-        sequence_transitions=args.seq_transitions,
-        n_layer=args.layers,
-        n_head=args.heads,
-        embedding_dim=args.embd,
-        dropout=0.0,
-    )
+    config = model_config(args, info.observation_dim, info.action_dim)
     return BeamPlanner(
         TrajectoryGPT(config),
         Discretizer.fit(rows, n_bins=args.bins),

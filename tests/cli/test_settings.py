@@ -69,8 +69,14 @@ def test_tt_collect_and_tt_compare_settings(capsys):
         capsys, "compare", "compare.alpah=0.1"
     )
     agents = ("compare", "compare=critic-pointmaze-medium")
-    assert "unknown config key compare.agents.iql.needz" in rejected(
-        capsys, *agents, "compare.agents.iql.needz=[critic]"
+    # The suggestion comes from the comparison the command line chose (its agents), and from
+    # the same agent.
+    assert (
+        "unknown config key compare.agents.iql.needz; did you mean compare.agents.iql.needs?"
+        in rejected(capsys, *agents, "compare.agents.iql.needz=[critic]")
+    )
+    assert "compare.agents.iql takes critic, eval, needs, train" in rejected(
+        capsys, *agents, "compare.agents.iql.agnt=x"
     )
 
 

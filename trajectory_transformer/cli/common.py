@@ -93,13 +93,22 @@ def reject_unknown_keys(cfg: Any, prefix: str = "") -> None:
 
 
 def unknown_key_message(key: str, known: Sequence[str]) -> str:
-    """One line for a key no schema has: the closest valid key, or the keys of its group."""
+    """One line for a key no schema has: the closest key of its group, else the group's keys;
+    where the group itself is unknown, the closest key anywhere."""
+    group, _, name = key.rpartition(".")
+    siblings = sorted(k for k in known if k.rpartition(".")[0] == group)
+    if siblings:
+        names = {k.rpartition(".")[2]: k for k in siblings}
+        close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+        close = close or [n for n in names if n.startswith(name) or name.startswith(n)][:1]
+        if close:
+            return f"unknown config key {key}; did you mean {names[close[0]]}?"
+        listed = ", ".join(names)
+        return f"unknown config key {key}; {group or 'the top level'} takes {listed}"
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     if close:
         return f"unknown config key {key}; did you mean {close[0]}?"
-    group = key.rpartition(".")[0]
-    siblings = sorted(k for k in known if k.rpartition(".")[0] == group)
-    return f"unknown config key {key}; {group or 'the top level'} takes {', '.join(siblings)}"
+    return f"unknown config key {key}"
 
 
 def all_keys(cfg: DictConfig, prefix: str = "") -> list[str]:
@@ -161,13 +170,28 @@ def first_line(error: BaseException) -> str:
     return f"{key}: {text}" if key and key not in text else text
 
 
-def override_error(error: Exception, config_name: str) -> str:
+def config_without(config_name: str, overrides: Sequence[str], key: str) -> DictConfig:
+    """The config composed with the overrides that do not set `key` (nor a key below it), or
+    with none where those fail too."""
+
+    def sets_key(override: str) -> bool:
+        name = override.split("=", 1)[0].lstrip("+~")
+        return name == key or name.startswith(f"{key}.")
+
+    try:
+        return compose(config_name, [o for o in overrides if not sets_key(o)])
+    except (HydraException, OmegaConfBaseException, ValueError):
+        return compose(config_name)
+
+
+def override_error(error: Exception, config_name: str, overrides: Sequence[str] = ()) -> str:
     """One line for a command line that Hydra cannot compose: the key or the group option
-    that is wrong, and the closest valid one."""
+    that is wrong, and the closest valid one, among the keys of the config that the command
+    line's other overrides select (another `compare=` has other agents)."""
     cause = error.__cause__ or error
     key = getattr(cause, "full_key", None)
     if isinstance(cause, ConfigAttributeError | ConfigKeyError) and key:
-        return unknown_key_message(key, all_keys(compose(config_name)))
+        return unknown_key_message(key, all_keys(config_without(config_name, overrides, key)))
     if isinstance(error, MissingConfigException):
         text = str(error)
         missing = re.search(r"Could not find '([^'/]+)/([^']+)'", text)
@@ -194,7 +218,7 @@ def check_command_line(config_name: str, arguments: Sequence[str]) -> None:
         try:
             cfg = compose(config_name, overrides)
         except (HydraException, OmegaConfBaseException, ValueError) as error:
-            raise ConfigError(override_error(error, config_name)) from None
+            raise ConfigError(override_error(error, config_name, overrides)) from None
         check_settings(cfg)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

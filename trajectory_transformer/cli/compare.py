@@ -65,7 +65,7 @@ def compose_checked(config_name: str, overrides: list[str]) -> DictConfig:
     try:
         cfg = compose(config_name, overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as error:
-        raise ConfigError(override_error(error, config_name)) from None
+        raise ConfigError(override_error(error, config_name, overrides)) from None
     check_settings(cfg)
     return cfg
 

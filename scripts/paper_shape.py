@@ -1,0 +1,53 @@
+"""The paper's HalfCheetah model and search as command-line flags, shared by the benchmarks.
+
+`bench_planner.py` and `bench_rollout.py` time the same model shape and the same beam search;
+their flags, defaults and the objects built from them are defined here once.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from trajectory_transformer.model import GPTConfig
+
+
+def add_model_flags(parser: argparse.ArgumentParser) -> None:
+    """Model shape: 4 layers x 128, 4 heads, a window of 10 transitions, 100 bins."""
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--embd", type=int, default=128, help="embedding width")
+    parser.add_argument("--seq-transitions", type=int, default=10, help="model window")
+    parser.add_argument("--bins", type=int, default=100, help="bins per dimension")
+
+
+def add_search_flags(parser: argparse.ArgumentParser) -> None:
+    """Beam search: beam 32, expand 2, horizon 5, context 5."""
+    parser.add_argument("--beam", type=int, default=32)
+    parser.add_argument("--expand", type=int, default=2)
+    parser.add_argument("--horizon", type=int, default=5)
+    parser.add_argument("--context", type=int, default=5, help="context transitions")
+
+
+def model_config(args: argparse.Namespace, observation_dim: int, action_dim: int) -> GPTConfig:
+    """The model of `add_model_flags` for these dimensions, without dropout (inference)."""
+    return GPTConfig(
+        observation_dim=observation_dim,
+        action_dim=action_dim,
+        n_bins=args.bins,
+        sequence_transitions=args.seq_transitions,
+        n_layer=args.layers,
+        n_head=args.heads,
+        embedding_dim=args.embd,
+        dropout=0.0,
+    )
+
+
+def search_settings(args: argparse.Namespace) -> dict:
+    """`BeamPlanner` keyword arguments of `add_search_flags` (and `--seed`)."""
+    return dict(
+        horizon=args.horizon,
+        beam_width=args.beam,
+        n_expand=args.expand,
+        context_transitions=args.context,
+        seed=args.seed,
+    )

@@ -157,7 +157,7 @@ def gather_rows_(
     positions [start, length). `index_select` copies first, so overlapping rows are safe.
 
     `by_layer` gathers one layer at a time: on the CPU, index_select along a tensor's first
-    dimension copies whole rows, about 4-8x faster than along the second (BENCHMARKS.md, "Beam
+    dimension copies whole rows, about 4-10x faster than along the second (BENCHMARKS.md, "Beam
     reordering on the CPU"). Elsewhere one gather per buffer keeps the launches few and fixed.
     """
     n = parent.shape[0]

@@ -32,7 +32,7 @@ import trajectory_transformer  # first: sets the OpenMP wait before torch loads
 # isort: split
 import numpy as np
 import torch
-from paper_shape import add_model_flags, add_search_flags, model_config, search_settings
+from bench_common import add_model_flags, add_search_flags, model_config, search_settings
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 
@@ -39,7 +38,13 @@ import trajectory_transformer  # noqa: F401  first: sets the OpenMP wait policy 
 import gymnasium as gym
 import numpy as np
 import torch
-from paper_shape import add_model_flags, add_search_flags, model_config, search_settings
+from bench_common import (
+    add_model_flags,
+    add_search_flags,
+    model_config,
+    peak_rss_mib,
+    search_settings,
+)
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import reward_to_go
@@ -144,12 +149,6 @@ def build_planner(args: argparse.Namespace, device: torch.device) -> BeamPlanner
         dataset=info,
         **search,
     )
-
-
-def peak_rss_mib() -> float:
-    """The process's RSS high-water mark (Linux reports KiB, macOS bytes)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (2**20 if sys.platform == "darwin" else 2**10)
 
 
 def run_setting(args: argparse.Namespace, envs: int) -> dict:

@@ -47,7 +47,6 @@ import importlib
 import itertools
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -58,6 +57,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from bench_common import peak_rss_mib
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.windows import TokenWindows
@@ -87,10 +87,6 @@ class Setting:
         compiled = "on" if self.compile else "off"
         label = f"ckpt={self.checkpointing} {self.precision} compile={compiled}"
         return label + (" sdpa" if self.sdpa else "")
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def step_peak_bytes(step: Callable[[], None]) -> int:

@@ -1,4 +1,5 @@
-"""The paper's HalfCheetah model and search as command-line flags, shared by the benchmarks.
+"""What the benchmarks share: the paper's HalfCheetah model and search as command-line flags,
+and the process's peak memory.
 
 `bench_planner.py` and `bench_rollout.py` time the same model shape and the same beam search;
 their flags, defaults and the objects built from them are defined here once.
@@ -7,6 +8,8 @@ their flags, defaults and the objects built from them are defined here once.
 from __future__ import annotations
 
 import argparse
+import resource
+import sys
 
 from trajectory_transformer.model import GPTConfig
 
@@ -51,3 +54,9 @@ def search_settings(args: argparse.Namespace) -> dict:
         context_transitions=args.context,
         seed=args.seed,
     )
+
+
+def peak_rss_mib() -> float:
+    """The process's RSS high-water mark in MiB (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 2**10)

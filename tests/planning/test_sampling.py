@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trajectory_transformer.planning.config import TOKEN_KINDS, PlannerConfig
 from trajectory_transformer.planning.sampling import (
     TransitionNoise,
     exponential_noise_,
@@ -132,3 +133,16 @@ def test_an_envs_transition_noise_comes_from_its_own_stream_alone() -> None:
         env_1 = rows.view(copies, 3, 4, 5)[:, 1].reshape(-1, 5)
         assert torch.equal(env_1, alone.rows(kind, index))
     assert (together.buffer > 0).all() and torch.isfinite(together.buffer).all()
+
+
+def test_token_sampling_follows_each_kinds_settings():
+    settings = PlannerConfig(
+        k_obs=1, k_act=None, cdf_act=0.6, reward_token="greedy", value_token="sample"
+    ).token_sampling()
+    assert set(settings) == set(TOKEN_KINDS)
+    assert (settings["obs"]["top_k"], settings["obs"]["cdf"]) == (1, None)
+    assert (settings["act"]["top_k"], settings["act"]["cdf"]) == (None, 0.6)
+    assert settings["reward"]["deterministic"] and not settings["value"]["deterministic"]
+    assert settings["value"]["top_k"] is None and settings["value"]["cdf"] is None
+    everywhere = PlannerConfig(deterministic=True, value_token="sample").token_sampling()
+    assert all(kind["deterministic"] for kind in everywhere.values())

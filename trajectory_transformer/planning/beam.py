@@ -122,6 +122,7 @@ class BeamPlanner:
                 f"transitions have {T}; load both from the same checkpoint"
             )
         c = self.config
+        self._sampling = c.token_sampling()  # per kind of token, fixed with the config
         self.max_len = (c.context_transitions + c.horizon) * T
         if self.max_len > gpt.block_size:
             raise ValueError(
@@ -412,7 +413,7 @@ class BeamPlanner:
     def _sample(self, logits: torch.Tensor, kind: str, noise: torch.Tensor | None) -> torch.Tensor:
         """Tokens of `kind` (obs, act, reward, value) under the planner's settings, drawn with
         `noise` (rows, N) from a `TransitionNoise`."""
-        return sample_tokens(logits, noise, **self.config.sampling(kind))
+        return sample_tokens(logits, noise, **self._sampling[kind])
 
     def _expected(self, logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / self.config.temperature).softmax(dim=-1)
@@ -471,9 +472,8 @@ class BeamPlanner:
         # whole search (one compiled graph), so every copy decodes what its beam does.
         obs_rows = n_beams if getattr(decode, "rows_may_vary", False) else n_candidates
         at = self._position  # absolute position -> device tensor (1,)
-        sampling = {kind: c.sampling(kind) for kind in ("obs", "act", "reward", "value")}
         n_bins = model.config.n_bins
-        noise = TransitionNoise(sampling, act_dim, obs_dim, n_bins, G, B, X, context.device)
+        noise = TransitionNoise(self._sampling, act_dim, obs_dim, n_bins, G, B, X, context.device)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
         logits = logits[env_of_row]  # (rows, N)
         beams = _Beams(

@@ -7,6 +7,9 @@ from dataclasses import dataclass, fields, replace
 
 from trajectory_transformer.data.episodes import DISCOUNT
 
+TOKEN_KINDS = ("obs", "act", "reward", "value")
+"""The kinds of token a planned transition samples, in `PlannerConfig.token_sampling`."""
+
 
 @dataclass(frozen=True)
 class PlannerConfig:
@@ -110,18 +113,19 @@ class PlannerConfig:
                 f"({self.horizon}): a plan has only {self.horizon} actions to follow"
             )
 
-    def sampling(self, kind: str) -> dict:
-        """`sample_tokens`' settings for tokens of `kind`: obs, act, reward or value."""
-        top_k, cdf = {"obs": (self.k_obs, self.cdf_obs), "act": (self.k_act, self.cdf_act)}.get(
-            kind, (None, None)
-        )
-        greedy = {"reward": self.reward_token, "value": self.value_token}.get(kind) == "greedy"
-        return dict(
-            temperature=self.temperature,
-            top_k=top_k,
-            cdf=cdf,
-            deterministic=self.deterministic or greedy,
-        )
+    def token_sampling(self) -> dict[str, dict]:
+        """`sample_tokens`' settings for each kind of token (`TOKEN_KINDS`)."""
+        greedy = {"reward": self.reward_token == "greedy", "value": self.value_token == "greedy"}
+        filters = {"obs": (self.k_obs, self.cdf_obs), "act": (self.k_act, self.cdf_act)}
+        return {
+            kind: dict(
+                temperature=self.temperature,
+                top_k=filters.get(kind, (None, None))[0],
+                cdf=filters.get(kind, (None, None))[1],
+                deterministic=self.deterministic or greedy.get(kind, False),
+            )
+            for kind in TOKEN_KINDS
+        }
 
     def with_overrides(self, **overrides: object) -> PlannerConfig:
         names = {f.name for f in fields(self)}

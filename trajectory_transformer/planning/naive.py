@@ -71,11 +71,11 @@ def _search_one(
     def next_logits(sequences: torch.Tensor) -> torch.Tensor:
         return model(sequences)[:, -1]  # (rows, N), the whole prefix every time
 
-    sampling = {kind: c.sampling(kind) for kind in ("obs", "act", "reward", "value")}
+    sampling = c.token_sampling()
     noise = TransitionNoise(sampling, n_act, n_obs, model.config.n_bins, 1, B, X, context.device)
 
     def sample(logits: torch.Tensor, kind: str, index: int = 0) -> torch.Tensor:
-        return sample_tokens(logits, noise.rows(kind, index), **c.sampling(kind))
+        return sample_tokens(logits, noise.rows(kind, index), **sampling[kind])
 
     def expected(logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / c.temperature).softmax(dim=-1)

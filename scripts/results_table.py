@@ -1,8 +1,8 @@
 """Regenerate the results table: dataset vs behaviour cloning vs beam planner, several seeds.
 
 For each dataset and training seed it runs `tt-train` (skipped when a finished checkpoint is
-already there), then `tt-eval` with the beam planner and with `planner=bc` (reused when that
-evaluation is already there), and prints a
+already there, continued from one that is not), then `tt-eval` with the beam planner and with
+`planner=bc` (reused when that evaluation is already there with the same settings), and prints a
 markdown table of normalised scores (mean ± standard error over training seeds; each seed's
 score is the mean over its evaluation episodes).
 
@@ -23,8 +23,9 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+import yaml
 
 from trajectory_transformer.checkpoint import read_payload
 from trajectory_transformer.data.minari_source import load_episodes, load_minari
@@ -58,14 +59,15 @@ def run(command: list[str]) -> None:
 
 
 def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
-    """The finished checkpoint of one training seed; its wall time goes to `timing.json`."""
+    """The finished checkpoint of one training seed; a run that was interrupted continues
+    from its checkpoint."""
     checkpoint = run_dir / "checkpoint.pt"
+    resume = []
     if checkpoint.exists():
-        training = read_payload(checkpoint)["training"]
-        if training and training["finished"]:
+        if read_payload(checkpoint)["training"]["finished"]:
             return checkpoint
+        resume = [f"resume={checkpoint}"]
     bin_dir = Path(sys.executable).parent
-    start = time.perf_counter()
     run(
         [
             str(bin_dir / "tt-train"),
@@ -73,26 +75,39 @@ def train(dataset: str, seed: int, run_dir: Path, overrides: list[str]) -> Path:
             f"seed={seed}",
             f"hydra.run.dir={run_dir}",
             *overrides,
+            *resume,
         ]
     )
-    seconds = time.perf_counter() - start  # a resumed run counts its last part only
-    (run_dir / "timing.json").write_text(json.dumps({"train_seconds": round(seconds, 1)}) + "\n")
     return checkpoint
 
 
 def training_minutes(checkpoint: Path) -> float | None:
-    """The wall time `train` recorded for this checkpoint, in minutes; None if unrecorded."""
-    timing = checkpoint.parent / "timing.json"
-    return json.loads(timing.read_text())["train_seconds"] / 60 if timing.exists() else None
+    """The training's wall time by its own clock, which a resumed run carries on; None for a
+    checkpoint older than that clock."""
+    seconds = read_payload(checkpoint)["training"].get("elapsed_seconds")
+    return None if seconds is None else seconds / 60
+
+
+def setting_of(settings: dict, override: str) -> bool:
+    """Whether an evaluation's recorded `settings` hold the tt-eval `override` (key=value)."""
+    key, _, value = override.partition("=")
+    node = settings
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return node == yaml.safe_load(value)
 
 
 def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> dict:
-    """The evaluation's results.json; one already on disk with the same settings is reused."""
+    """The evaluation's results.json; one already on disk with the same episodes and
+    overrides is reused."""
     run_dir = checkpoint.parent / f"eval_{planner}"
     results = run_dir / "results.json"
     if results.exists():
         summary = json.loads(results.read_text())
-        if len(summary["returns"]) == episodes and not overrides:
+        settings = summary["settings"]
+        if len(summary["returns"]) == episodes and all(setting_of(settings, o) for o in overrides):
             return summary
     bin_dir = Path(sys.executable).parent
     run(

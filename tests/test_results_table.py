@@ -28,9 +28,11 @@ def test_each_dataset_takes_its_own_seeds_and_names_them(script, tmp_path, monke
 
     def train(dataset, seed, run_dir, overrides):
         run_dir.mkdir(parents=True)
-        if seed != 2:  # seed 2's training time is unknown (trained elsewhere)
-            (run_dir / "timing.json").write_text(json.dumps({"train_seconds": 600 * (seed + 1)}))
         return run_dir / "checkpoint.pt"
+
+    def training_minutes(checkpoint):  # seed 2's is unknown (an older checkpoint)
+        seed = int(checkpoint.parent.name.removeprefix("seed"))
+        return None if seed == 2 else 10.0 * (seed + 1)
 
     def evaluate(checkpoint, planner, episodes, overrides):
         dataset = checkpoint.parent.parent.name
@@ -38,6 +40,7 @@ def test_each_dataset_takes_its_own_seeds_and_names_them(script, tmp_path, monke
         return {"normalized_score_mean": score, "wall_seconds": 120}
 
     monkeypatch.setattr(script, "train", train)
+    monkeypatch.setattr(script, "training_minutes", training_minutes)
     monkeypatch.setattr(script, "evaluate", evaluate)
     monkeypatch.setattr(script, "dataset_score", lambda dataset: 46.2)
     argv = ["results_table.py", "--out", str(tmp_path), "--episodes", "20", "--datasets"]
@@ -73,6 +76,7 @@ def test_a_maze_is_compared_with_its_behaviour_policy(script, tmp_path, monkeypa
     monkeypatch.setattr(script, "load_minari", lambda dataset_id: dataset)
     monkeypatch.setattr(script, "load_episodes", lambda *a: pytest.fail("episodes read"))
     monkeypatch.setattr(script, "train", lambda d, s, run_dir, o: run_dir / "checkpoint.pt")
+    monkeypatch.setattr(script, "training_minutes", lambda checkpoint: None)
     monkeypatch.setattr(
         script, "evaluate", lambda *a: {"normalized_score_mean": 90.0, "wall_seconds": 60}
     )
@@ -83,3 +87,35 @@ def test_a_maze_is_compared_with_its_behaviour_policy(script, tmp_path, monkeypa
     table = (tmp_path / "table.md").read_text()
     assert "| pointmaze/umaze-v0 | 77.3 | 90.0 (one seed) | 90.0 (one seed) | 0 | ? + 1 |" in table
     assert "Dataset mean of pointmaze/umaze-v0: its behaviour policy's score" in table
+
+
+def test_an_evaluation_is_reused_only_with_the_same_settings(script, tmp_path, monkeypatch):
+    checkpoint = tmp_path / "seed0" / "checkpoint.pt"
+    run_dir = checkpoint.parent / "eval_default"
+    run_dir.mkdir(parents=True)
+    settings = {"eval": {"num_envs": 10, "episodes": 3}, "planner": {"horizon": 15}}
+    summary = {"returns": [1.0, 2.0, 3.0], "settings": settings}
+    (run_dir / "results.json").write_text(json.dumps(summary))
+    ran = []
+    monkeypatch.setattr(script, "run", ran.append)
+    assert script.evaluate(checkpoint, "default", 3, ["eval.num_envs=10"]) == summary
+    assert script.evaluate(checkpoint, "default", 3, []) == summary
+    assert not ran
+    for overrides in (["eval.num_envs=5"], ["planner.beam_width=4"]):
+        script.evaluate(checkpoint, "default", 3, overrides)
+    script.evaluate(checkpoint, "default", 4, [])
+    assert len(ran) == 3 and ran[0][-1] == "eval.num_envs=5"
+
+
+def test_an_interrupted_training_continues_from_its_checkpoint(script, tmp_path, monkeypatch):
+    checkpoint = tmp_path / "checkpoint.pt"
+    checkpoint.touch()
+    finished = {"finished": False}
+    monkeypatch.setattr(script, "read_payload", lambda path: {"training": finished})
+    ran = []
+    monkeypatch.setattr(script, "run", ran.append)
+    assert script.train("pendulum-medium", 0, tmp_path, ["trainer.max_steps=10"]) == checkpoint
+    assert ran[0][-2:] == ["trainer.max_steps=10", f"resume={checkpoint}"]
+    finished["finished"] = True
+    script.train("pendulum-medium", 0, tmp_path, [])
+    assert len(ran) == 1

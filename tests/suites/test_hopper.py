@@ -4,8 +4,6 @@ time limits with only a fall penalised, and the evaluation loop on a terminating
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,10 +12,11 @@ import torch
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.evaluation import evaluate
-from trajectory_transformer.suites import collect, hopper
+from trajectory_transformer.suites import collect, locomotion
 from trajectory_transformer.suites.actors import GaussianActor
+from trajectory_transformer.suites.locomotion import HOPPER as hopper
 
-SHIPPED = Path(hopper.__file__).parent / "policies" / "hopper"
+SHIPPED = locomotion.POLICIES / "hopper"
 
 
 def test_actors_load_as_plain_weights_and_act_in_the_box(tmp_path):
@@ -37,7 +36,7 @@ def test_actors_load_as_plain_weights_and_act_in_the_box(tmp_path):
 def test_replay_stages_are_the_snapshots_in_order_then_the_medium_actor(tmp_path, monkeypatch):
     for name in ("replay_1", "medium", "replay_0", "expert"):
         (tmp_path / f"{name}.pt").touch()
-    monkeypatch.setattr(hopper, "POLICY_DIR", tmp_path)
+    monkeypatch.setattr(hopper, "policy_dir", tmp_path)
     assert hopper.replay_actors() == ["replay_0", "replay_1", "medium"]
 
 
@@ -60,20 +59,20 @@ def test_the_shipped_actors_are_small_plain_weights_ordered_by_their_returns():
 
 
 def test_a_missing_actor_says_how_to_make_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(hopper, "POLICY_DIR", tmp_path)
-    hopper.actor.cache_clear()
+    monkeypatch.setattr(hopper, "policy_dir", tmp_path)
+    hopper.clear_caches()
     try:
         with pytest.raises(FileNotFoundError, match=r"train_behaviour_policy\.py"):
             hopper.actor("expert")
     finally:
-        hopper.actor.cache_clear()
+        hopper.clear_caches()
 
 
 def test_termination_is_penalised_and_truncation_is_not():
     rng = np.random.default_rng(0)
-    fell = collect.rollout(hopper.ENV_ID, hopper.uniform_random, [0], rng)  # random falls fast
+    fell = collect.rollout(hopper.env_id, hopper.uniform_random, [0], rng)  # random falls fast
     expert = hopper.noisy("expert", 0.0)  # the shipped expert stands for 5 steps
-    cut = collect.rollout(hopper.ENV_ID, expert, [1], rng, max_episode_steps=5)
+    cut = collect.rollout(hopper.env_id, expert, [1], rng, max_episode_steps=5)
     assert fell.terminations[0][-1] and not fell.truncations[0][-1]
     assert cut.truncations[0][-1] and not cut.terminations[0][-1]
     for run, penalty in ((fell, -100.0), (cut, 0.0)):
@@ -93,7 +92,7 @@ def test_termination_is_penalised_and_truncation_is_not():
 def _as_episodes(run: collect.Rollout):
     """The rollout as the trainer reads it, through a Minari dataset."""
     collect.write(
-        "test/hopper-run-v0", run.buffers(), hopper.ENV_ID, "test", (0.0, 1.0), 1, "test", "test"
+        "test/hopper-run-v0", run.buffers(), hopper.env_id, "test", (0.0, 1.0), 1, "test", "test"
     )
     episodes, _ = load_episodes("test/hopper-run-v0")
     collect.existing("test/hopper-run-v0", overwrite=True)

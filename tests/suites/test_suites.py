@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 import warnings
-from types import ModuleType
 
 import gymnasium as gym
 import minari
@@ -21,8 +20,9 @@ import torch
 from trajectory_transformer import suites
 from trajectory_transformer.data.minari_source import DatasetError, load_episodes, load_minari
 from trajectory_transformer.scores import normalized_score
-from trajectory_transformer.suites import collect, hopper, pendulum, pointmaze, reacher
+from trajectory_transformer.suites import collect, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.actors import GaussianActor
+from trajectory_transformer.suites.locomotion import HOPPER as hopper
 
 REFERENCE_EPISODES = 2  # cheap reference scores for the builds
 
@@ -31,7 +31,7 @@ REFERENCE_EPISODES = 2  # cheap reference scores for the builds
 class Spec:
     """What a suite's datasets look like."""
 
-    module: ModuleType
+    suite: collect.Suite
     ids: set[str]
     sample: str  # a one-kind dataset for the single-dataset checks
     observation: tuple[int, type]  # dimension and dtype
@@ -45,7 +45,7 @@ class Spec:
 
 SPECS = {
     "pendulum": Spec(
-        pendulum,
+        pendulum.SUITE,
         {f"pendulum/{q}-v0" for q in ("random", "medium", "expert", "medium-replay")}
         | {"pendulum/medium-expert-v0"},
         "pendulum/medium-replay-v0",
@@ -58,7 +58,7 @@ SPECS = {
         (-700.0, -300.0),
     ),
     "reacher": Spec(
-        reacher,
+        reacher.SUITE,
         {"reacher/medium-v0"},
         "reacher/medium-v0",
         (10, np.float64),
@@ -70,7 +70,7 @@ SPECS = {
         (-30.0, -6.0),
     ),
     "hopper": Spec(
-        hopper,
+        hopper.suite,
         {f"hopper/{q}-v0" for q in ("medium", "medium-replay", "expert", "medium-expert")},
         "hopper/medium-v0",
         (11, np.float64),
@@ -91,12 +91,10 @@ def untrained_hopper(tmp_path, monkeypatch):
     for i, name in enumerate(["expert", "medium", "replay_0", "replay_1"]):
         torch.manual_seed(i)
         GaussianActor(11, 3, hidden=16).save(tmp_path / f"{name}.pt", step=i, mean_return=i)
-    monkeypatch.setattr(hopper, "POLICY_DIR", tmp_path)
-    hopper.actor.cache_clear()
-    hopper.reference_scores.cache_clear()
+    monkeypatch.setattr(hopper, "policy_dir", tmp_path)
+    hopper.clear_caches()
     yield
-    hopper.actor.cache_clear()
-    hopper.reference_scores.cache_clear()
+    hopper.clear_caches()
 
 
 @pytest.fixture(params=list(SPECS))
@@ -109,7 +107,7 @@ def spec(request) -> Spec:
 
 def build(spec: Spec, dataset_id: str, **kwargs) -> minari.MinariDataset:
     kwargs = {"episodes": 2, "reference_episodes": REFERENCE_EPISODES} | kwargs
-    return spec.module.SUITE.build(dataset_id, **kwargs)
+    return spec.suite.build(dataset_id, **kwargs)
 
 
 def reset_seeds(dataset: minari.MinariDataset) -> list[int]:
@@ -132,7 +130,7 @@ def assert_same_episodes(got: list, want: list) -> None:
 
 
 def test_ids(spec):
-    suite = spec.module.SUITE
+    suite = spec.suite
     assert set(suite.datasets) == spec.ids
     assert all(suites.is_embedded(d) and suites.suite_of(d) is suite for d in spec.ids)
     env = spec.sample.split("/")[0]
@@ -142,7 +140,7 @@ def test_ids(spec):
 
 def test_unknown_id_names_the_suites_ids(spec):
     with pytest.raises(ValueError, match="unknown embedded dataset") as error:
-        spec.module.SUITE.build(spec.sample.replace("-v0", "-great-v0"))
+        spec.suite.build(spec.sample.replace("-v0", "-great-v0"))
     assert all(dataset_id in str(error.value) for dataset_id in spec.ids)
 
 
@@ -159,19 +157,19 @@ def test_a_tiny_build_is_a_minari_dataset_with_reference_scores(spec, minari_dir
     metadata = dataset.storage.metadata
     np.testing.assert_allclose(
         [metadata["ref_min_score"], metadata["ref_max_score"]],
-        spec.module.reference_scores(3, REFERENCE_EPISODES),
+        spec.suite.reference_scores(3, REFERENCE_EPISODES),
     )
     assert metadata["num_episodes_average_score"] == REFERENCE_EPISODES
     assert metadata["author"] == {"trajectory-transformer"}
     assert "author_email" not in metadata and "code_permalink" not in metadata
-    assert metadata["description"].startswith(spec.module.SUITE.datasets[spec.sample].summary)
+    assert metadata["description"].startswith(spec.suite.datasets[spec.sample].summary)
     for words in spec.words:
         assert words in metadata["description"]
-    assert metadata["algorithm_name"] == spec.module.SUITE.datasets[spec.sample].algorithm_name
-    assert dataset.spec.env_spec.id == spec.module.ENV_ID
+    assert metadata["algorithm_name"] == spec.suite.datasets[spec.sample].algorithm_name
+    assert dataset.spec.env_spec.id == spec.suite.env_id
     assert dataset.spec.env_spec.max_episode_steps == spec.time_limit
     eval_env = gym.envs.registration.EnvSpec.from_json(metadata["eval_env_spec"])
-    assert eval_env.id == spec.module.ENV_ID
+    assert eval_env.id == spec.suite.env_id
 
     assert [episode.id for episode in episodes] == [0, 1, 2, 3]
     assert len(set(reset_seeds(dataset))) == 4
@@ -198,7 +196,7 @@ def test_each_episode_replays_in_a_plain_env(spec):
     off-by-one between the vector env and the buffers)."""
     dataset = build(spec, spec.sample, episodes=3)
     for seed, episode in zip(reset_seeds(dataset), dataset.iterate_episodes(), strict=True):
-        env = gym.make(spec.module.ENV_ID)
+        env = gym.make(spec.suite.env_id)
         obs, _ = env.reset(seed=seed)
         steps = [env.step(action) for action in episode.actions]
         env.close()
@@ -229,9 +227,9 @@ def test_every_dataset_builds_with_seeds_disjoint_between_kinds(spec):
         assert len(set(seeds[dataset_id])) == len(seeds[dataset_id])
     stages = {"hopper/medium-replay-v0": len(hopper.replay_actors())}  # 3 each, per snapshot
     for dataset_id, size in sizes.items():
-        kinds = spec.module.SUITE.datasets[dataset_id].kinds
+        kinds = spec.suite.datasets[dataset_id].kinds
         assert size == 3 * len(kinds) * stages.get(dataset_id, 1), dataset_id
-    singles = [set(s) for d, s in seeds.items() if len(spec.module.SUITE.datasets[d].kinds) == 1]
+    singles = [set(s) for d, s in seeds.items() if len(spec.suite.datasets[d].kinds) == 1]
     assert len(set.union(*singles)) == sum(len(s) for s in singles)  # disjoint across kinds
 
 
@@ -264,8 +262,8 @@ def test_a_failed_build_leaves_nothing(spec, minari_dir, monkeypatch):
 
 
 def test_reference_scores_are_cached_and_span_the_policies(spec):
-    low, high = spec.module.reference_scores(0, episodes=5)
-    assert spec.module.reference_scores(0, episodes=5) == (low, high)  # cached
+    low, high = spec.suite.reference_scores(0, episodes=5)
+    assert spec.suite.reference_scores(0, episodes=5) == (low, high)  # cached
     assert low < high
     if spec.reference_bounds is not None:
         assert low < spec.reference_bounds[0] and high > spec.reference_bounds[1]
@@ -274,9 +272,9 @@ def test_reference_scores_are_cached_and_span_the_policies(spec):
 
 def test_training_builds_it_on_first_use(spec, monkeypatch):
     """What `tt-train dataset.id=<embedded id>` does when the dataset is missing."""
-    small = dataclasses.replace(spec.module.SUITE, default_episodes=3, reference_episodes=2)
+    small = dataclasses.replace(spec.suite, default_episodes=3, reference_episodes=2)
     monkeypatch.setattr(
-        suites, "SUITES", tuple(small if s is spec.module.SUITE else s for s in suites.SUITES)
+        suites, "SUITES", tuple(small if s is spec.suite else s for s in suites.SUITES)
     )
     episodes, info = load_episodes(spec.sample)
     assert episodes.num_episodes == 3
@@ -285,8 +283,8 @@ def test_training_builds_it_on_first_use(spec, monkeypatch):
         assert episodes.num_transitions == 3 * spec.time_limit
         assert episodes.truncated.sum() == 3 and not episodes.terminated.any()
     assert (info.observation_dim, info.action_dim) == (spec.observation[0], spec.action[0])
-    assert info.eval_env_id == spec.module.ENV_ID
-    reference = spec.module.reference_scores(0, 2)
+    assert info.eval_env_id == spec.suite.env_id
+    reference = spec.suite.reference_scores(0, 2)
     np.testing.assert_allclose([info.ref_min_score, info.ref_max_score], reference)
     np.testing.assert_allclose(info.action_low, [-spec.action[1]] * spec.action[0])
     np.testing.assert_allclose(info.action_high, [spec.action[1]] * spec.action[0])
@@ -296,7 +294,7 @@ def test_training_builds_it_on_first_use(spec, monkeypatch):
 
 
 def test_the_registry_holds_every_suite():
-    assert suites.SUITES[:3] == (pendulum.SUITE, reacher.SUITE, hopper.SUITE)
+    assert suites.SUITES[:3] == (pendulum.SUITE, reacher.SUITE, hopper.suite)
     assert suites.SUITES[3:] == pointmaze.SUITES
     mazes = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}  # tests/suites/test_pointmaze.py
     assert set(suites.EMBEDDED_DATASETS) == set().union(mazes, *(s.ids for s in SPECS.values()))
@@ -339,7 +337,7 @@ def test_the_registry_passes_the_settings_and_keeps_each_suites_default(monkeypa
         (("reacher/medium-v0",), {"overwrite": True, "episodes": 7, "seed": 2}),
     ]
     assert [s.default_episodes for s in (pendulum.SUITE, reacher.SUITE)] == [500, 500]
-    assert hopper.SUITE.default_episodes is None  # a transition budget per kind
+    assert hopper.suite.default_episodes is None  # a transition budget per kind
 
 
 def test_an_unknown_id_names_every_embedded_id():

@@ -4,7 +4,7 @@ Each suite builds its datasets locally, offline, over the shared machinery of
 :mod:`trajectory_transformer.suites.collect`, and stores its reference scores in the Minari
 metadata: :mod:`~trajectory_transformer.suites.pendulum` (``pendulum/*``, ``Pendulum-v1``) and
 :mod:`~trajectory_transformer.suites.reacher` (``reacher/*``, ``Reacher-v5``) from scripted
-controllers, :mod:`~trajectory_transformer.suites.hopper` (``hopper/*``, ``Hopper-v5``) from
+controllers, :mod:`~trajectory_transformer.suites.locomotion` (``hopper/*``, ``Hopper-v5``) from
 shipped SAC actors, :mod:`~trajectory_transformer.suites.pointmaze` (``pointmaze/*``,
 gymnasium-robotics' PointMaze, Dict observations with goals; one suite per maze) from D4RL's
 maze2d waypoint controller. Callers (``load_minari``, ``tt-collect``) go through this module only.
@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import minari
 
-from trajectory_transformer.suites import hopper, pendulum, pointmaze, reacher
+from trajectory_transformer.suites import locomotion, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.collect import Suite
 
 __all__ = ["EMBEDDED_DATASETS", "SUITES", "build_embedded_dataset", "is_embedded", "suite_of"]
 
-SUITES: tuple[Suite, ...] = (pendulum.SUITE, reacher.SUITE, hopper.SUITE, *pointmaze.SUITES)
+SUITES: tuple[Suite, ...] = (
+    pendulum.SUITE,
+    reacher.SUITE,
+    locomotion.HOPPER.suite,
+    *pointmaze.SUITES,
+)
 
 EMBEDDED_DATASETS: dict[str, str] = {
     dataset_id: dataset.summary

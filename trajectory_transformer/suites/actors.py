@@ -1,6 +1,6 @@
 """Behaviour policies that generate embedded datasets: small tanh-Gaussian MLP actors.
 
-The Hopper suite (`suites/hopper.py`) is collected from actors trained once with SAC by
+The Hopper suite (`suites/locomotion.py`) is collected from actors trained once with SAC by
 `scripts/train_behaviour_policy.py`. Only the actor is shipped, as a plain state dict with its
 shape, loaded with `torch.load(..., weights_only=True)`: running it needs nothing but torch.
 """

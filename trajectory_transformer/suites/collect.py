@@ -1,7 +1,7 @@
 """What every embedded suite shares: seeded rollouts of a batched policy through gymnasium
 vector envs, disjoint blocks of reset seeds, reference scores, the Minari write and the builder.
 
-A suite (``pendulum``, ``reacher``, ``hopper``, ``pointmaze``) is its controllers or actors, the
+A suite (``pendulum``, ``reacher``, ``locomotion``, ``pointmaze``) is its controllers or actors, the
 episodes of each policy kind, and a :class:`Suite` record of its datasets; :meth:`Suite.build`
 does the rest. The data is whatever gymnasium (and MuJoCo) compute on the machine that builds
 it: there is no second simulator to keep in step, and returns may differ between CPUs in the

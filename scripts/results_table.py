@@ -26,29 +26,25 @@ import sys
 from pathlib import Path
 
 import yaml
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
 from trajectory_transformer.checkpoint import read_payload
+from trajectory_transformer.cli.common import compose, override_error
 from trajectory_transformer.data.minari_source import load_episodes, load_minari
 from trajectory_transformer.scores import mean_and_stderr, normalized_score
 from trajectory_transformer.suites import pointmaze
 
-DATASET_IDS = {
-    "pendulum-medium": "pendulum/medium-v0",
-    "pendulum-medium-replay": "pendulum/medium-replay-v0",
-    "pendulum-medium-expert": "pendulum/medium-expert-v0",
-    "pendulum-expert": "pendulum/expert-v0",
-    "pendulum-random": "pendulum/random-v0",
-    "hopper-embedded-medium": "hopper/medium-v0",
-    "hopper-embedded-medium-replay": "hopper/medium-replay-v0",
-    "hopper-embedded-medium-expert": "hopper/medium-expert-v0",
-    "hopper-embedded-expert": "hopper/expert-v0",
-    "pointmaze-umaze": "pointmaze/umaze-v0",
-    "pointmaze-medium": "pointmaze/medium-v0",
-    "pointmaze-large": "pointmaze/large-v0",
-    # The same datasets, trained on windows of 20 transitions for planner=paper.
-    "pointmaze-umaze-paper": "pointmaze/umaze-v0",
-    "pointmaze-medium-paper": "pointmaze/medium-v0",
-}
+
+def dataset_id(preset: str) -> str:
+    """The Minari id a dataset preset (`configs/dataset/<preset>.yaml`) trains on; a
+    ValueError that names the close presets otherwise."""
+    try:
+        return compose("train", [f"dataset={preset}"]).dataset.id
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ValueError(override_error(error, "train", [f"dataset={preset}"])) from None
+
+
 BEHAVIOUR_SCORED = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}
 """Datasets represented by their behaviour policy's score (see the module docstring)."""
 
@@ -124,10 +120,9 @@ def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]
     return json.loads(results.read_text())
 
 
-def dataset_score(dataset: str) -> float:
+def dataset_score(dataset_id: str) -> float:
     """The mean normalised score of the dataset's episodes, or for `BEHAVIOUR_SCORED` ones
     its behaviour policy's score in the evaluation env, which their metadata records."""
-    dataset_id = DATASET_IDS[dataset]
     if dataset_id in BEHAVIOUR_SCORED:
         metadata = load_minari(dataset_id).storage.metadata
         return float(metadata["behaviour_policy"]["normalized_score"])
@@ -151,12 +146,17 @@ def main() -> None:
     parser.add_argument("--train", nargs="*", default=[], help="extra tt-train overrides")
     parser.add_argument("--eval", nargs="*", default=[], help="extra tt-eval overrides")
     args = parser.parse_args()
+    ids: dict[str, str] = {}  # preset: Minari id, each checked before any training
+    for spec in args.datasets:
+        dataset = spec.partition(":")[0]
+        try:
+            ids[dataset] = dataset_id(dataset)
+        except ValueError as error:
+            parser.error(f"unknown dataset {dataset!r}: {error}")
 
     rows = []
     for spec in args.datasets:
         dataset, _, seed_list = spec.partition(":")
-        if dataset not in DATASET_IDS:
-            parser.error(f"unknown dataset {dataset!r}; one of {', '.join(DATASET_IDS)}")
         seeds = [int(seed) for seed in seed_list.split(",")] if seed_list else args.seeds
         scores: dict[str, list[float]] = {args.planner: [], "bc": []}
         minutes = []
@@ -171,7 +171,14 @@ def main() -> None:
             evaluation_minutes = results[args.planner]["wall_seconds"] / 60
             minutes.append((training_minutes(checkpoint), evaluation_minutes))
         rows.append(
-            (dataset, dataset_score(dataset), scores["bc"], scores[args.planner], seeds, minutes)
+            (
+                dataset,
+                dataset_score(ids[dataset]),
+                scores["bc"],
+                scores[args.planner],
+                seeds,
+                minutes,
+            )
         )
         summary = {"dataset": dataset, "seeds": seeds, "scores": scores, "minutes": minutes}
         (args.out / dataset / "scores.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -192,7 +199,7 @@ def main() -> None:
     ]
     for dataset, data_score, bc, planned, seeds, minutes in rows:
         lines.append(
-            f"| {DATASET_IDS[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} "
+            f"| {ids[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} "
             f"| {', '.join(map(str, seeds))} | {wall(minutes)} |"
         )
     table = "\n".join(lines)
@@ -200,7 +207,7 @@ def main() -> None:
         "\nNormalised scores (D4RL scale), mean ± standard error over training seeds, "
         f"{args.episodes} episodes per seed."
     )
-    behaviours = [DATASET_IDS[row[0]] for row in rows if DATASET_IDS[row[0]] in BEHAVIOUR_SCORED]
+    behaviours = [ids[row[0]] for row in rows if ids[row[0]] in BEHAVIOUR_SCORED]
     if behaviours:
         note += (
             f" Dataset mean of {', '.join(sorted(set(behaviours)))}: its behaviour policy's "

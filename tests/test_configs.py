@@ -33,7 +33,9 @@ def test_every_dataset_config_is_there():
     }
     expected |= {"reacher-medium"}
     expected |= {
-        f"hopper-embedded-{q}" for q in ("medium", "medium-replay", "expert", "medium-expert")
+        f"{task}-embedded-{q}"
+        for task in ("hopper", "walker2d")
+        for q in ("medium", "medium-replay", "expert", "medium-expert")
     }
     expected |= {f"pointmaze-{m}" for m in ("umaze", "medium", "large")}
     expected |= {f"pointmaze-{m}-paper" for m in ("umaze", "medium")}
@@ -44,9 +46,10 @@ def test_every_dataset_config_is_there():
 def test_every_dataset_config_composes(name):
     cfg = compose_train(f"dataset={name}")
     env, _, quality = name.partition("-")
-    if name.startswith("hopper-embedded-"):  # embedded from the shipped SAC actors
-        assert cfg.dataset.id == f"hopper/{name.removeprefix('hopper-embedded-')}-v0"
+    if quality.startswith("embedded-"):  # hopper, walker2d: from the shipped SAC actors
+        assert cfg.dataset.id == f"{env}/{quality.removeprefix('embedded-')}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
+        assert cfg.trainer.max_steps == (8000 if quality.endswith("medium-expert") else 4000)
     elif env in ("pendulum", "reacher"):  # embedded datasets
         assert cfg.dataset.id == f"{env}/{quality}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model

@@ -23,6 +23,7 @@ from trajectory_transformer.scores import normalized_score
 from trajectory_transformer.suites import collect, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.actors import GaussianActor
 from trajectory_transformer.suites.locomotion import HOPPER as hopper
+from trajectory_transformer.suites.locomotion import WALKER2D as walker2d
 
 REFERENCE_EPISODES = 2  # cheap reference scores for the builds
 
@@ -81,27 +82,47 @@ SPECS = {
         1e-8,
         None,  # untrained actors here: no ranking
     ),
+    "walker2d": Spec(
+        walker2d.suite,
+        {f"walker2d/{q}-v0" for q in ("medium", "medium-replay", "expert", "medium-expert")},
+        "walker2d/medium-v0",
+        (17, np.float64),
+        (6, 1.0),
+        1000,
+        False,
+        ("SAC", "noise", "4 episodes", "mean return", "normalised score", "base seed 3"),
+        1e-8,
+        None,  # untrained actors here: no ranking
+    ),
 }
 
 
+LOCOMOTION = {"hopper": hopper, "walker2d": walker2d}
+
+
 @pytest.fixture
-def untrained_hopper(tmp_path, monkeypatch):
-    """Seeded, untrained actors in place of the shipped ones: the Hopper builders' mechanics,
-    fast (untrained actors fall within a few dozen steps)."""
-    for i, name in enumerate(["expert", "medium", "replay_0", "replay_1"]):
-        torch.manual_seed(i)
-        GaussianActor(11, 3, hidden=16).save(tmp_path / f"{name}.pt", step=i, mean_return=i)
-    monkeypatch.setattr(hopper, "policy_dir", tmp_path)
-    hopper.clear_caches()
+def untrained_actors(tmp_path, monkeypatch):
+    """Seeded, untrained actors in place of the shipped ones of every locomotion task: the
+    builders' mechanics, fast (untrained actors fall within a few dozen steps)."""
+    for name, task in LOCOMOTION.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        for i, actor_name in enumerate(["expert", "medium", "replay_0", "replay_1"]):
+            torch.manual_seed(i)
+            actor = GaussianActor(SPECS[name].observation[0], task.action_dim, hidden=16)
+            actor.save(folder / f"{actor_name}.pt", step=i, mean_return=i)
+        monkeypatch.setattr(task, "policy_dir", folder)
+        task.clear_caches()
     yield
-    hopper.clear_caches()
+    for task in LOCOMOTION.values():
+        task.clear_caches()
 
 
 @pytest.fixture(params=list(SPECS))
 def spec(request) -> Spec:
-    """Each suite (Hopper with untrained actors)."""
-    if request.param == "hopper":
-        request.getfixturevalue("untrained_hopper")
+    """Each suite (Hopper and Walker2d with untrained actors)."""
+    if request.param in LOCOMOTION:
+        request.getfixturevalue("untrained_actors")
     return SPECS[request.param]
 
 
@@ -225,7 +246,9 @@ def test_every_dataset_builds_with_seeds_disjoint_between_kinds(spec):
         sizes[dataset_id] = dataset.total_episodes
         seeds[dataset_id] = reset_seeds(dataset)
         assert len(set(seeds[dataset_id])) == len(seeds[dataset_id])
-    stages = {"hopper/medium-replay-v0": len(hopper.replay_actors())}  # 3 each, per snapshot
+    stages = {  # 3 episodes per snapshot
+        f"{task.task}/medium-replay-v0": len(task.replay_actors()) for task in LOCOMOTION.values()
+    }
     for dataset_id, size in sizes.items():
         kinds = spec.suite.datasets[dataset_id].kinds
         assert size == 3 * len(kinds) * stages.get(dataset_id, 1), dataset_id
@@ -233,7 +256,7 @@ def test_every_dataset_builds_with_seeds_disjoint_between_kinds(spec):
     assert len(set.union(*singles)) == sum(len(s) for s in singles)  # disjoint across kinds
 
 
-@pytest.mark.parametrize("spec", ["pendulum", "hopper"], indirect=True)  # Reacher has none
+@pytest.mark.parametrize("spec", ["pendulum", *LOCOMOTION], indirect=True)  # Reacher has none
 def test_medium_expert_is_the_medium_then_the_expert_episodes(spec):
     mixed_id = spec.sample.split("/")[0] + "/medium-expert-v0"
     medium, expert, mixed = (
@@ -294,14 +317,14 @@ def test_training_builds_it_on_first_use(spec, monkeypatch):
 
 
 def test_the_registry_holds_every_suite():
-    assert suites.SUITES[:3] == (pendulum.SUITE, reacher.SUITE, hopper.suite)
-    assert suites.SUITES[3:] == pointmaze.SUITES
+    assert suites.SUITES[:4] == (pendulum.SUITE, reacher.SUITE, hopper.suite, walker2d.suite)
+    assert suites.SUITES[4:] == pointmaze.SUITES
     mazes = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}  # tests/suites/test_pointmaze.py
     assert set(suites.EMBEDDED_DATASETS) == set().union(mazes, *(s.ids for s in SPECS.values()))
     assert suites.EMBEDDED_DATASETS["reacher/medium-v0"].startswith("Reacher-v5")
 
 
-def test_the_registry_builds_every_suite(monkeypatch, untrained_hopper):
+def test_the_registry_builds_every_suite(monkeypatch, untrained_actors):
     monkeypatch.setattr(
         suites,
         "SUITES",
@@ -309,7 +332,12 @@ def test_the_registry_builds_every_suite(monkeypatch, untrained_hopper):
     )
     built = {
         dataset_id: suites.build_embedded_dataset(dataset_id, episodes=2)
-        for dataset_id in ("pendulum/expert-v0", "reacher/medium-v0", "hopper/expert-v0")
+        for dataset_id in (
+            "pendulum/expert-v0",
+            "reacher/medium-v0",
+            "hopper/expert-v0",
+            "walker2d/expert-v0",
+        )
     }
     assert built["pendulum/expert-v0"].spec.env_spec.id == "Pendulum-v1"
     assert built["pendulum/expert-v0"].total_steps == 2 * 200
@@ -317,6 +345,8 @@ def test_the_registry_builds_every_suite(monkeypatch, untrained_hopper):
     assert built["reacher/medium-v0"].total_steps == 2 * 50
     assert built["hopper/expert-v0"].spec.env_spec.id == "Hopper-v5"
     assert built["hopper/expert-v0"].total_episodes == 2
+    assert built["walker2d/expert-v0"].spec.env_spec.id == "Walker2d-v5"
+    assert built["walker2d/expert-v0"].total_episodes == 2
     assert set(built) <= set(minari.list_local_datasets())
 
 
@@ -338,6 +368,7 @@ def test_the_registry_passes_the_settings_and_keeps_each_suites_default(monkeypa
     ]
     assert [s.default_episodes for s in (pendulum.SUITE, reacher.SUITE)] == [500, 500]
     assert hopper.suite.default_episodes is None  # a transition budget per kind
+    assert walker2d.suite.default_episodes is None
 
 
 def test_an_unknown_id_names_every_embedded_id():

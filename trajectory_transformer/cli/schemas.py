@@ -52,8 +52,8 @@ def finite(x: object) -> bool:
 class DatasetConfig:
     id: str = "pendulum/medium-expert-v0"
     """Minari dataset id. Local under MINARI_DATASETS_PATH (else ~/.minari/datasets); the
-    embedded ids (`pendulum/*`, `reacher/*`, `hopper/*`: trajectory_transformer.suites) are
-    built on demand when missing."""
+    embedded ids (`pendulum/*`, `reacher/*`, `hopper/*`, `walker2d/*`, `pointmaze/*`:
+    trajectory_transformer.suites) are built on demand when missing."""
     download: bool = False
     """Download a remote Minari dataset that is not local (needs network access)."""
     env_id: str | None = None

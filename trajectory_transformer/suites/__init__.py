@@ -4,10 +4,11 @@ Each suite builds its datasets locally, offline, over the shared machinery of
 :mod:`trajectory_transformer.suites.collect`, and stores its reference scores in the Minari
 metadata: :mod:`~trajectory_transformer.suites.pendulum` (``pendulum/*``, ``Pendulum-v1``) and
 :mod:`~trajectory_transformer.suites.reacher` (``reacher/*``, ``Reacher-v5``) from scripted
-controllers, :mod:`~trajectory_transformer.suites.locomotion` (``hopper/*``, ``Hopper-v5``) from
-shipped SAC actors, :mod:`~trajectory_transformer.suites.pointmaze` (``pointmaze/*``,
-gymnasium-robotics' PointMaze, Dict observations with goals; one suite per maze) from D4RL's
-maze2d waypoint controller. Callers (``load_minari``, ``tt-collect``) go through this module only.
+controllers, :mod:`~trajectory_transformer.suites.locomotion` (``hopper/*``, ``Hopper-v5``;
+``walker2d/*``, ``Walker2d-v5``) from shipped SAC actors,
+:mod:`~trajectory_transformer.suites.pointmaze` (``pointmaze/*``, gymnasium-robotics'
+PointMaze, Dict observations with goals; one suite per maze) from D4RL's maze2d waypoint
+controller. Callers (``load_minari``, ``tt-collect``) go through this module only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ SUITES: tuple[Suite, ...] = (
     pendulum.SUITE,
     reacher.SUITE,
     locomotion.HOPPER.suite,
+    locomotion.WALKER2D.suite,
     *pointmaze.SUITES,
 )
 

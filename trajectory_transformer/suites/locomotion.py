@@ -197,3 +197,4 @@ class Locomotion:
 
 
 HOPPER = Locomotion("Hopper-v5", "hopper", 3, POLICIES / "hopper")
+WALKER2D = Locomotion("Walker2d-v5", "walker2d", 6, POLICIES / "walker2d")

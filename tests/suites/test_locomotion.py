@@ -1,6 +1,6 @@
-"""The Hopper suite's own parts: shipped SAC actors and how they load, falls kept apart from
-time limits with only a fall penalised, and the evaluation loop on a terminating environment
-(what every suite shares is in test_suites.py)."""
+"""The locomotion suites' own parts (Hopper, Walker2d): shipped SAC actors and how they load,
+falls kept apart from time limits with only a fall penalised, and the evaluation loop on a
+terminating environment (what every suite shares is in test_suites.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from trajectory_transformer.evaluation import evaluate
 from trajectory_transformer.suites import collect, locomotion
 from trajectory_transformer.suites.actors import GaussianActor
 from trajectory_transformer.suites.locomotion import HOPPER as hopper
+from trajectory_transformer.suites.locomotion import WALKER2D as walker2d
 
-SHIPPED = locomotion.POLICIES / "hopper"
+TASKS = [hopper, walker2d]
+OBS_DIMS = {"hopper": 11, "walker2d": 17}
 
 
 def test_actors_load_as_plain_weights_and_act_in_the_box(tmp_path):
@@ -40,18 +42,21 @@ def test_replay_stages_are_the_snapshots_in_order_then_the_medium_actor(tmp_path
     assert hopper.replay_actors() == ["replay_0", "replay_1", "medium"]
 
 
-def test_the_shipped_actors_are_small_plain_weights_ordered_by_their_returns():
-    names = ["expert", "medium", *sorted(p.stem for p in SHIPPED.glob("replay_*.pt"))]
-    assert len(names) >= 5 and (SHIPPED / "README.md").is_file()
-    obs = np.random.default_rng(0).normal(size=(5, 11))
+@pytest.mark.parametrize("task", TASKS, ids=lambda task: task.task)
+def test_the_shipped_actors_are_small_plain_weights_ordered_by_their_returns(task):
+    shipped = locomotion.POLICIES / task.task
+    names = ["expert", "medium", *sorted(p.stem for p in shipped.glob("replay_*.pt"))]
+    assert len(names) >= 5 and (shipped / "README.md").is_file()
+    obs_dim, act_dim = OBS_DIMS[task.task], task.action_dim
+    obs = np.random.default_rng(0).normal(size=(5, obs_dim))
     returns = {}
     for name in names:
-        path = SHIPPED / f"{name}.pt"
-        assert path.stat().st_size < 100_000
+        path = shipped / f"{name}.pt"
+        assert path.stat().st_size < 200_000
         actor = GaussianActor.load(path)  # weights_only=True
-        assert (actor.obs_dim, actor.act_dim) == (11, 3)
+        assert (actor.obs_dim, actor.act_dim) == (obs_dim, act_dim)
         for action in (actor.act(obs), actor.act(obs, 0.1, np.random.default_rng(1))):
-            assert action.shape == (5, 3) and np.all(np.abs(action) <= 1.0)
+            assert action.shape == (5, act_dim) and np.all(np.abs(action) <= 1.0)
         returns[name] = actor.metadata["mean_return"]
     replay = [returns[name] for name in names[2:]]
     assert returns["expert"] == max(returns.values())
@@ -59,24 +64,25 @@ def test_the_shipped_actors_are_small_plain_weights_ordered_by_their_returns():
 
 
 def test_a_missing_actor_says_how_to_make_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(hopper, "policy_dir", tmp_path)
-    hopper.clear_caches()
+    monkeypatch.setattr(walker2d, "policy_dir", tmp_path)
+    walker2d.clear_caches()
     try:
-        with pytest.raises(FileNotFoundError, match=r"train_behaviour_policy\.py"):
-            hopper.actor("expert")
+        with pytest.raises(FileNotFoundError, match=r"train_behaviour_policy\.py --env Walker2d"):
+            walker2d.actor("expert")
     finally:
-        hopper.clear_caches()
+        walker2d.clear_caches()
 
 
-def test_termination_is_penalised_and_truncation_is_not():
+@pytest.mark.parametrize("task", TASKS, ids=lambda task: task.task)
+def test_termination_is_penalised_and_truncation_is_not(task):
     rng = np.random.default_rng(0)
-    fell = collect.rollout(hopper.env_id, hopper.uniform_random, [0], rng)  # random falls fast
-    expert = hopper.noisy("expert", 0.0)  # the shipped expert stands for 5 steps
-    cut = collect.rollout(hopper.env_id, expert, [1], rng, max_episode_steps=5)
+    fell = collect.rollout(task.env_id, task.uniform_random, [0], rng)  # random falls fast
+    expert = task.noisy("expert", 0.0)  # the shipped expert stands for 5 steps
+    cut = collect.rollout(task.env_id, expert, [1], rng, max_episode_steps=5)
     assert fell.terminations[0][-1] and not fell.truncations[0][-1]
     assert cut.truncations[0][-1] and not cut.terminations[0][-1]
     for run, penalty in ((fell, -100.0), (cut, 0.0)):
-        episodes = _as_episodes(run)
+        episodes = _as_episodes(run, task.env_id)
         rows = joint_transitions(episodes, discount=0.99, terminal_penalty=-100.0)
         rewards = run.rewards[0].copy()
         rewards[-1] += penalty
@@ -89,13 +95,11 @@ def test_termination_is_penalised_and_truncation_is_not():
         np.testing.assert_allclose(rows[:, -1], values, rtol=1e-5, atol=1e-3)
 
 
-def _as_episodes(run: collect.Rollout):
+def _as_episodes(run: collect.Rollout, env_id: str):
     """The rollout as the trainer reads it, through a Minari dataset."""
-    collect.write(
-        "test/hopper-run-v0", run.buffers(), hopper.env_id, "test", (0.0, 1.0), 1, "test", "test"
-    )
-    episodes, _ = load_episodes("test/hopper-run-v0")
-    collect.existing("test/hopper-run-v0", overwrite=True)
+    collect.write("test/run-v0", run.buffers(), env_id, "test", (0.0, 1.0), 1, "test", "test")
+    episodes, _ = load_episodes("test/run-v0")
+    collect.existing("test/run-v0", overwrite=True)
     return episodes
 
 

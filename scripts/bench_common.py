@@ -8,10 +8,14 @@ their flags, defaults and the objects built from them are defined here once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import sys
 
+import torch
+
 from trajectory_transformer.model import GPTConfig
+from trajectory_transformer.planning import PlannerConfig
 
 
 def add_model_flags(parser: argparse.ArgumentParser) -> None:
@@ -24,11 +28,27 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_search_flags(parser: argparse.ArgumentParser) -> None:
-    """Beam search: beam 32, expand 2, horizon 5, context 5."""
+    """Beam search: beam 32, expand 2, horizon 5, context 5; how it decodes, in what precision."""
     parser.add_argument("--beam", type=int, default=32)
     parser.add_argument("--expand", type=int, default=2)
     parser.add_argument("--horizon", type=int, default=5)
     parser.add_argument("--context", type=int, default=5, help="context transitions")
+    parser.add_argument(
+        "--decode",
+        default="auto",
+        choices=PlannerConfig.DECODES,
+        help="planner.decode: auto (cuda_graph on CUDA), eager, cuda_graph or compile",
+    )
+    parser.add_argument("--greedy", action="store_true", help="plan deterministically")
+    parser.add_argument("--bf16", action="store_true", help="plan under bfloat16 autocast (CUDA)")
+
+
+def planning_precision(args: argparse.Namespace, device: torch.device):
+    """The context to plan in: bfloat16 autocast with `--bf16`, else float32 as it is. The
+    autocast keeps no cache of cast weights, which a CUDA graph capture would not allow."""
+    if not args.bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 def model_config(args: argparse.Namespace, observation_dim: int, action_dim: int) -> GPTConfig:
@@ -53,6 +73,8 @@ def search_settings(args: argparse.Namespace) -> dict:
         n_expand=args.expand,
         context_transitions=args.context,
         seed=args.seed,
+        decode=args.decode,
+        deterministic=args.greedy,
     )
 
 

@@ -32,7 +32,13 @@ import trajectory_transformer  # first: sets the OpenMP wait before torch loads
 # isort: split
 import numpy as np
 import torch
-from bench_common import add_model_flags, add_search_flags, model_config, search_settings
+from bench_common import (
+    add_model_flags,
+    add_search_flags,
+    model_config,
+    planning_precision,
+    search_settings,
+)
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
@@ -62,6 +68,13 @@ def parse_args() -> argparse.Namespace:
         "--compare-torch",
         action="store_true",
         help="alternate plan calls with and without the native CPU kernel in this process",
+    )
+    parser.add_argument(
+        "--compare-decodes",
+        default=None,
+        help="alternate plan calls of these decode paths in this process, e.g. "
+        "eager,cuda_graph,compile,cuda_graph+bf16 (+bf16: under bfloat16 autocast); with "
+        "--greedy, also whether each plans what the first does",
     )
     return parser.parse_args()
 
@@ -153,6 +166,9 @@ def main() -> None:
     for env in range(args.envs):
         planner.set_history(env, history[env])
     observations = torch.randn(args.envs, args.obs, generator=generator)
+    if args.compare_decodes:
+        compare_decodes(args, model, discretizer, history, observations.to(device))
+        return
 
     if args.naive:
         contexts = planner.context_tokens(observations)
@@ -232,6 +248,85 @@ def main() -> None:
             f"kernel is {result['speedup_native']:.2f}x faster (medians, calls alternated)"
         )
     print(json.dumps(result))
+
+
+def compare_decodes(
+    args: argparse.Namespace,
+    model: TrajectoryGPT,
+    discretizer: Discretizer,
+    history: torch.Tensor,
+    observations: torch.Tensor,
+) -> None:
+    """Time the decode paths of `--compare-decodes` alternately, one planner each over the
+    same model and contexts; with --greedy, compare each one's best plans with the first's."""
+    device = observations.device
+    variants = [name.strip() for name in args.compare_decodes.split(",") if name.strip()]
+    planners, precisions = {}, {}
+    for name in variants:
+        decode, _, precision = name.partition("+")
+        settings = search_settings(args) | {"decode": decode}
+        planner = BeamPlanner(model, discretizer, device=device, **settings)
+        planner.reset(args.envs)
+        for env in range(args.envs):
+            planner.set_history(env, history[env])
+        planners[name] = planner
+        precisions[name] = planning_precision(argparse.Namespace(bf16=precision == "bf16"), device)
+
+    def timed(name: str):
+        planner = planners[name]
+        for generator in planner.generators:  # the same draws in every call and variant
+            generator.manual_seed(args.seed)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with precisions[name]:
+            plan = planner.plan(observations)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start, plan
+
+    first_call = {name: timed(name)[0] for name in variants}  # captures, compiles, warms up
+    for _ in range(args.warmup):
+        for name in variants:
+            timed(name)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    plans = {}
+    for _ in range(args.reps):
+        for name in variants:
+            seconds, plans[name] = timed(name)
+            times[name].append(seconds)
+    reference = plans[variants[0]]
+    flops = plan_flops(model.config, planners[variants[0]].config, args.envs)
+    results = []
+    for name in variants:
+        ms = 1e3 * float(np.median(times[name]))
+        plan = plans[name]
+        same = (plan.tokens[:, 0] == reference.tokens[:, 0]).flatten(1).all(dim=1)
+        results.append(
+            {
+                "decode": name,
+                "ms_per_plan": round(ms, 3),
+                "ms_per_env_step": round(ms / args.envs, 4),
+                "ms_first_call": round(1e3 * first_call[name], 1),
+                "gflops_per_s": round(flops / (ms * 1e6), 1),
+                "best_plan_as_first": round(float(same.float().mean()), 4),
+                "max_score_difference": float((plan.scores - reference.scores).abs().max()),
+            }
+        )
+        print(
+            f"{name:>18}: {ms:8.2f} ms per plan of {args.envs} env(s) (median of {args.reps}; "
+            f"first call {1e3 * first_call[name]:.0f} ms), {flops / (ms * 1e6):.0f} GFLOP/s; "
+            f"best plan as {variants[0]}'s in {100 * results[-1]['best_plan_as_first']:.1f}% of "
+            f"envs",
+            flush=True,
+        )
+    summary = {"device": str(device), "envs": args.envs, "greedy": args.greedy}
+    summary |= {"flops_per_plan": flops, "variants": results}
+    summary |= {k: v for k, v in vars(args).items() if k not in summary}
+    if device.type == "cuda":
+        summary["gpu"] = torch.cuda.get_device_name(device)
+        summary["peak_cuda_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from bench_common import (
     add_search_flags,
     model_config,
     peak_rss_mib,
+    planning_precision,
     search_settings,
 )
 
@@ -163,11 +164,12 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
         # Warm-up: builds or loads the native kernels, prepares the weights, sizes the cache.
         observations, _ = env.reset(seed=args.seed)
         planner.reset(envs)
-        planner.plan(observations)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        result = evaluate(planner, env, episodes=envs, seed=args.seed, progress=False)
+        with planning_precision(args, device):
+            planner.plan(observations)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            result = evaluate(planner, env, episodes=envs, seed=args.seed, progress=False)
     finally:
         env.close()
     steps = result.env_steps
@@ -191,11 +193,14 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
         "expand": args.expand,
         "horizon": args.horizon,
         "context": args.context,
+        "decode": planner.decode,
+        "bf16": args.bf16,
         "load_average": [round(x, 2) for x in load],
         "machine": platform.processor() or platform.machine(),
     }
     if device.type == "cuda":
         record["peak_cuda_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+        record["gpu"] = torch.cuda.get_device_name(device)
     return record
 
 
@@ -225,7 +230,8 @@ def main() -> None:
         print(
             f"{record['envs']:>4} envs x {record['steps_per_env']} steps on {record['device']} "
             f"({record['threads']} threads): {record['env_steps_per_s']:.1f} env-steps/s, "
-            f"{record['planning_ms_per_env_step']:.1f} ms planning per env-step, {peak} "
+            f"{record['planning_ms_per_env_step']:.2f} ms planning per env-step "
+            f"({record['decode']}{' bf16' if args.bf16 else ''}), {peak} "
             f"(load {record['load_average'][0]:.2f})",
             file=sys.stderr,
             flush=True,

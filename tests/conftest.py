@@ -23,6 +23,30 @@ settings.register_profile("long", parent=settings.get_profile("default"), max_ex
 settings.load_profile("default")
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+cuda_only = pytest.mark.skipif(not _cuda_available(), reason="no CUDA device on this machine")
+"""Marks a test that needs a GPU; it is skipped elsewhere (CI has none)."""
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=cuda_only)])
+def device(request):
+    """Each device a test that compares paths runs on: the CPU, and CUDA where there is one."""
+    import torch
+
+    return torch.device(request.param)
+
+
+def tolerance(device) -> dict:
+    """`torch.testing.assert_close` tolerances between two float32 computations of the same
+    values on `device`: other kernels sum in other orders, more so on a GPU."""
+    return dict(atol=1e-5, rtol=0.0) if device.type == "cpu" else dict(atol=1e-4, rtol=1e-4)
+
+
 @pytest.fixture(autouse=True)
 def minari_dir(tmp_path_factory, monkeypatch):
     """Every test sees its own empty Minari folder, never ~/.minari."""
@@ -228,9 +252,10 @@ def structured_transitions(episodes: int = 20, length: int = 15, seed: int = 0):
     return np.concatenate(rows).astype(np.float32), np.full(episodes, length)
 
 
-def tiny_training(seed: int = 0, **trainer_overrides):
+def tiny_training(seed: int = 0, device="cpu", **trainer_overrides):
     """(model, windows, discretizer, trainer config) of a 2-layer, 32-wide model with dropout on
-    `structured_transitions`: 300 windows of 4 transitions, 40 steps of 16."""
+    `structured_transitions`: 300 windows of 4 transitions, 40 steps of 16; the model on
+    `device`, where the trainer runs."""
     import torch
 
     from trajectory_transformer.data.discretizer import Discretizer
@@ -254,7 +279,7 @@ def tiny_training(seed: int = 0, **trainer_overrides):
     )
     settings = dict(batch_size=16, learning_rate=3e-3, max_steps=40, log_every=1)
     cfg = TrainerConfig(**(settings | {"checkpoint_every": 1000} | trainer_overrides))
-    return TrajectoryGPT(config), windows, discretizer, cfg
+    return TrajectoryGPT(config).to(device), windows, discretizer, cfg
 
 
 def tiny_training_info():

@@ -56,8 +56,9 @@ def trained_checkpoint(path: Path, steps: int = 3, finished: bool = False) -> Pa
 def cuda_checkpoint(tmp_path) -> Path:
     with tagged_as_cuda():
         path = trained_checkpoint(tmp_path / "cuda" / "checkpoint.pt", finished=True)
-    with pytest.raises(RuntimeError, match="CUDA"):  # the file really claims the GPU
-        torch.load(path, weights_only=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):  # the file really claims the GPU
+            torch.load(path, weights_only=True)
     return path
 
 

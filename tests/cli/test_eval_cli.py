@@ -22,8 +22,9 @@ def tt_eval(*overrides, run_dir):
     return run_module("trajectory_transformer.cli.evaluate", *overrides, f"hydra.run.dir={run_dir}")
 
 
-def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_checkpoint):
-    result = tt_eval(f"checkpoint={tiny_checkpoint}", *SMALL_PLANNER, run_dir=tmp_path / "eval")
+def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_checkpoint, device):
+    on_device = [*SMALL_PLANNER[:-1], f"device={device.type}"]
+    result = tt_eval(f"checkpoint={tiny_checkpoint}", *on_device, run_dir=tmp_path / "eval")
     assert result.returncode == 0, result.stderr
     assert "3 episodes" in result.stdout and "normalized score" in result.stdout
     in_run_dir = json.loads((tmp_path / "eval" / "results.json").read_text())
@@ -49,6 +50,7 @@ def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_ch
     assert (in_run_dir["ref_min_score"], in_run_dir["ref_max_score"]) == (-1200.0, -150.0)
     assert in_run_dir["reference_source"] == "dataset metadata"
     assert in_run_dir["settings"]["planner"]["horizon"] == 2
+    assert in_run_dir["settings"]["device"].startswith(device.type)
 
 
 def test_bc_preset_runs(tmp_path, tiny_checkpoint):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_gpt
+from conftest import tiny_gpt, tolerance
 
 from trajectory_transformer.model import KVCache, TrajectoryGPT
 from trajectory_transformer.model.kv_cache import gather_rows_
@@ -43,29 +43,30 @@ def test_new_cache_shape_and_limit() -> None:
 
 @pytest.mark.parametrize("prefix", [T - 1, T + 2])
 @torch.no_grad()
-def test_reorder_then_decode_matches_forward_of_reindexed_tokens(prefix: int) -> None:
-    model = tiny_model()
+def test_reorder_then_decode_matches_forward_of_reindexed_tokens(prefix: int, device) -> None:
+    model = tiny_model().to(device)
     g = torch.Generator().manual_seed(3)
     rows, capacity = 3, 8
-    tokens = torch.randint(0, N, (rows, model.config.block_size), generator=g)
+    tokens = torch.randint(0, N, (rows, model.config.block_size), generator=g).to(device)
     cache = model.new_cache(rows=capacity)
     model.prefill(tokens[:, :prefix], cache)
     # Broadcast 3 context rows to 8 beams, then select among the beams twice more.
     parents = [
-        torch.randint(0, rows, (capacity,), generator=g),
-        torch.randint(0, capacity, (capacity,), generator=g),
-        torch.randint(0, capacity, (5,), generator=g),
+        torch.randint(0, rows, (capacity,), generator=g).to(device),
+        torch.randint(0, capacity, (capacity,), generator=g).to(device),
+        torch.randint(0, capacity, (5,), generator=g).to(device),
     ]
     position = prefix
     for parent in parents:
         cache.reorder_(parent, length=position)
         # Each beam keeps its parent's prefix and continues with its own random tokens.
         tokens = tokens[parent].clone()  # (R', S)
-        tokens[:, position:] = torch.randint(0, N, tokens[:, position:].shape, generator=g)
+        new = torch.randint(0, N, tokens[:, position:].shape, generator=g)
+        tokens[:, position:] = new.to(device)
         for _ in range(3):
             logits = model.decode_step(tokens[:, position], cache, position)
             expected = model(tokens[:, : position + 1])[:, position]
-            torch.testing.assert_close(logits, expected, atol=1e-5, rtol=0)
+            torch.testing.assert_close(logits, expected, **tolerance(device))
             position += 1
 
 
@@ -132,11 +133,14 @@ def grouped_tokens(g: torch.Generator, groups: int, members: int, copies: int, p
 
 @pytest.mark.parametrize("prefix", [1, T - 1, T, T + 3])
 @torch.no_grad()
-def test_shared_prefix_decode_matches_forward_of_concatenated_sequences(prefix: int) -> None:
-    model = tiny_model()
+def test_shared_prefix_decode_matches_forward_of_concatenated_sequences(
+    prefix: int, device
+) -> None:
+    model = tiny_model().to(device)
     g = torch.Generator().manual_seed(prefix)
     groups, members, copies = 3, 2, 2
     context, tokens, _ = grouped_tokens(g, groups, members, copies, prefix)
+    context, tokens = context.to(device), tokens.to(device)
     cache = model.new_shared_prefix_cache(
         prefix_rows=4, rows_per_prefix=members, rows=16, prefix_len=T + 3, own_len=3 * T - prefix
     )
@@ -147,7 +151,7 @@ def test_shared_prefix_decode_matches_forward_of_concatenated_sequences(prefix: 
         # All copies first, then only the first copy (a prefix of the rows), as the planner does.
         rows = tokens.shape[0] if position < 2 * T else groups * members
         logits = model.decode_step(tokens[:rows, position], cache, position)
-        torch.testing.assert_close(logits, expected[:rows, position], atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits, expected[:rows, position], **tolerance(device))
 
 
 @torch.no_grad()

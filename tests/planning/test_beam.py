@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_gpt
+from conftest import cuda_only, tiny_gpt
 
 from trajectory_transformer.checkpoint import build_payload, save_atomic
 from trajectory_transformer.data.discretizer import Discretizer
@@ -63,10 +63,20 @@ def test_refuses_context_and_horizon_beyond_the_block_size() -> None:
         BeamPlanner(model, tiny_discretizer(), beam=3)
 
 
+PLANNER_PATHS = [
+    ("cpu", "eager"),
+    *(pytest.param("cuda", decode, marks=cuda_only) for decode in PlannerConfig.DECODES[1:]),
+]
+"""Each device and decode path that a planner test compares with the reference."""
+
+
+@pytest.mark.parametrize("device, decode", PLANNER_PATHS)
 @pytest.mark.parametrize("dones", [None, {1: [0], 3: [2]}])
-def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(dones) -> None:
-    model, disc = tiny_model(), tiny_discretizer()
-    planner = BeamPlanner(model, disc, deterministic=True, **SMALL)
+def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(dones, device, decode):
+    planner = BeamPlanner(
+        tiny_model(), tiny_discretizer(), device=device, deterministic=True, decode=decode, **SMALL
+    )
+    model, disc = planner.model, planner.discretizer
     planner.reset(3)
     obs = run_steps(planner, 5, dones)
     contexts = planner.context_tokens(obs)
@@ -81,6 +91,7 @@ def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(dones) -> 
         plan.tokens[:, :, 0, :OBS],
         torch.stack([c[-OBS:] for c in contexts])[:, None].expand(3, 4, OBS),
     )
+    assert plan.tokens.device.type == device
 
 
 @pytest.mark.parametrize("feedback", ["greedy", "sample"])

@@ -101,8 +101,9 @@ class KVCache:
         hides the positions not written yet). Same shapes at every position. (B, nh, 1, hs)."""
         rows = q.shape[0]
         keys, values = self.keys[layer, :rows], self.values[layer, :rows]  # (B, nh, M, hs)
-        keys.index_copy_(2, position, k)
-        values.index_copy_(2, position, v)
+        # Under autocast the new key and value come in the compute dtype, the cache keeps its own.
+        keys.index_copy_(2, position, k.to(keys.dtype))
+        values.index_copy_(2, position, v.to(values.dtype))
         mask = self.mask.index_select(0, position)[:, : self.max_len]  # (1, M)
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
@@ -388,8 +389,8 @@ class SharedPrefixKVCache:
         self.layout.copies(rows)  # raises unless whole copies: shapes only, no sync
         own_k, own_v = self.own.keys[layer, :rows], self.own.values[layer, :rows]
         own = position - self.prefix_end  # (1,)
-        own_k.index_copy_(2, own, k)  # (R, nh, own_len, hs)
-        own_v.index_copy_(2, own, v)
+        own_k.index_copy_(2, own, k.to(own_k.dtype))  # (R, nh, own_len, hs); autocast's k
+        own_v.index_copy_(2, own, v.to(own_v.dtype))
         row = self._bias.index_select(0, position)  # (1, block): this query's mask row
         prefix_bias = row[:, : self._prefix_slots.shape[0]].masked_fill(
             self._prefix_slots >= self.prefix_end, float("-inf")

@@ -28,6 +28,8 @@ zeros), so a batch with finished environments costs only the rows of the others.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,7 @@ from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.model.captured import CapturedDecodeStep
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig
@@ -137,7 +140,23 @@ class BeamPlanner:
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
+        self.decode = self._decode_mode()
+        # Captured or compiled decode steps by number of planned envs, over `_cache`'s buffers.
+        self._steps: OrderedDict[int, Callable] = OrderedDict()
+        self._graph_pool = None
         self.reset(1)
+
+    def _decode_mode(self) -> str:
+        """`config.decode` resolved for this device; `cuda_graph` is refused off CUDA."""
+        decode, cuda = self.config.decode, self.device.type == "cuda"
+        if decode == "auto":
+            return "cuda_graph" if cuda else "eager"
+        if decode == "cuda_graph" and not cuda:
+            raise ValueError(
+                f"planner.decode=cuda_graph needs a CUDA device, and this planner runs on "
+                f"{self.device}; use planner.decode=auto (eager on the CPU) or run on cuda"
+            )
+        return decode
 
     def _bound(self, bound: object) -> torch.Tensor | None:
         if bound is None:
@@ -239,7 +258,17 @@ class BeamPlanner:
         stream = np.random.SeedSequence([self.config.seed, episode])
         return int(stream.generate_state(1, dtype=np.uint64)[0])
 
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        """Host data on the device without the host waiting for the device: on CUDA a copy
+        from pageable memory waits for the stream, one from pinned memory does not."""
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if self.device.type != "cuda":
+            return tensor.to(self.device)
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
     def _as_batch(self, observations: np.ndarray | torch.Tensor) -> torch.Tensor:
+        if not isinstance(observations, torch.Tensor):
+            observations = self._upload(np.asarray(observations, dtype=np.float32))
         obs = torch.as_tensor(observations, dtype=torch.float32, device=self.device)
         if obs.shape != (self.num_envs, self.observation_dim):
             raise ValueError(
@@ -275,18 +304,19 @@ class BeamPlanner:
         stale = mask & (self._plan_age >= self.config.plan_every)
         if stale.any():
             self.last_plan = plan = self.plan(obs, active=stale)
-            envs = torch.from_numpy(np.flatnonzero(stale)).to(self.device)
+            envs = self._upload(np.flatnonzero(stale))
             n_obs, n_act = self.observation_dim, self.action_dim
             best = plan.tokens[envs, plan.best[envs]]  # (n, H, T)
             self._plan_tokens[envs] = best[..., n_obs : n_obs + n_act]
             self._plan_actions[envs] = plan.actions[envs]
             self._plan_age[stale] = 0
-        age = torch.from_numpy(np.minimum(self._plan_age, self.config.horizon - 1)).to(self.device)
+        age = self._upload(np.minimum(self._plan_age, self.config.horizon - 1))
         envs = torch.arange(self.num_envs, device=self.device)
-        keep = torch.from_numpy(mask).to(self.device)[:, None]  # (E, 1)
+        keep = self._upload(mask)[:, None]  # (E, 1)
         actions = self._plan_actions[envs, age] * keep  # (E, A)
-        transition = torch.zeros(self.num_envs, self.transition_dim, dtype=torch.long)
-        transition = transition.to(self.device)
+        transition = torch.zeros(
+            self.num_envs, self.transition_dim, dtype=torch.long, device=self.device
+        )
         transition[:, : self.observation_dim] = self._encode_observations(obs)
         transition[:, self.observation_dim : -2] = self._plan_tokens[envs, age]
         transition[:, -1] = VALUE_PLACEHOLDER
@@ -299,10 +329,12 @@ class BeamPlanner:
         """Store the rewards (E,) of the last `act`; a done env starts its next act afresh."""
         dones = self._mask(dones)
         if self._pending is not None and self._pending_envs.any():
+            if not isinstance(rewards, torch.Tensor):
+                rewards = self._upload(np.asarray(rewards, dtype=np.float32))
             r = torch.as_tensor(rewards, dtype=torch.float32, device=self.device).reshape(-1, 1)
             dim = self.observation_dim + self.action_dim
             self._pending[:, dim] = self.discretizer.encode(r, slice(dim, dim + 1))[:, 0]
-            envs = torch.from_numpy(np.flatnonzero(self._pending_envs)).to(self.device)
+            envs = self._upload(np.flatnonzero(self._pending_envs))
             if self.config.context_transitions > 0:
                 shifted = torch.cat([self._context[envs, 1:], self._pending[envs, None]], dim=1)
                 self._context[envs] = shifted
@@ -362,7 +394,7 @@ class BeamPlanner:
         if groups:
             cache = self._get_cache(max(len(envs) for envs in groups.values()))
         for n, envs in groups.items():
-            index = torch.from_numpy(envs).to(self.device)
+            index = self._upload(envs)
             K = c.context_transitions
             past = self._context[index, K - n :].reshape(len(envs), n * T)  # (G, n*T)
             generators = [self.generators[e] for e in envs]
@@ -376,7 +408,7 @@ class BeamPlanner:
             rewards,
             values,
             scores,
-            torch.from_numpy(mask).to(self.device),
+            self._upload(mask),
             self.discretizer,
             self.observation_dim,
             self.action_low,
@@ -404,7 +436,46 @@ class BeamPlanner:
                 prefix_len=c.context_transitions * T + n_obs,
                 own_len=c.horizon * T - n_obs,
             )
+            self._steps.clear()  # they read the old buffers
         return self._cache
+
+    MAX_CAPTURED_STEPS = 8
+    """Decode steps kept captured or compiled per planner, one per number of planned envs (a
+    continuous-batching tail plans fewer and fewer); the least recently used goes first."""
+
+    def _decoder(self, cache: SharedPrefixKVCache) -> Callable:
+        """The decode step of a search over `cache` (after its prefill), by `decode`."""
+        if self.decode == "eager":
+            return self.model.decoder(cache)
+        groups = cache.groups  # with the rows, the only shape that varies between searches
+        step = self._steps.get(groups)
+        if step is None:
+            while len(self._steps) >= self.MAX_CAPTURED_STEPS:
+                self._steps.popitem(last=False)
+            step = self._steps[groups] = self._new_step(cache)
+        self._steps.move_to_end(groups)
+        return step
+
+    def _new_step(self, cache: SharedPrefixKVCache) -> Callable:
+        static_step = self.model.static_decoder(cache)
+        if self.decode == "cuda_graph":
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            return CapturedDecodeStep(static_step, self._graph_pool)
+        if self.device.type != "cuda":
+            return torch.compile(static_step, fullgraph=True, dynamic=False)
+        # CUDA graphs of torch.compile's own: the cache buffers it writes keep their storage,
+        # and each call's logits are read before the next call replaces them.
+        for buffers in (cache.prefix, cache.own):
+            torch._dynamo.mark_static_address(buffers.keys)
+            torch._dynamo.mark_static_address(buffers.values)
+        compiled = torch.compile(static_step, fullgraph=True, dynamic=False, mode="reduce-overhead")
+
+        def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(tokens, position)
+
+        return step
 
     def _position(self, position: int) -> torch.Tensor:
         """Absolute `position` as a device tensor (1,): a view, no host-to-device copy."""
@@ -464,7 +535,7 @@ class BeamPlanner:
 
         # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
         logits = model.prefill(context, cache)[:, -1]  # (G, N): each env's first action token
-        layout, decode = cache.layout, model.decoder(cache)  # decode(tokens, position)
+        layout, decode = cache.layout, self._decoder(cache)  # decode(tokens, position)
         n_beams = layout.per_copy  # G * B rows hold the beams (expansion copy 0)
         n_candidates = n_beams * X  # every beam's X expansion copies
         # Rows that decode observations. The native CPU step takes any rows, so only the beams

@@ -62,6 +62,12 @@ class PlannerConfig:
     critic: str | None = None
     """Path of the critic.pt (tt-train-critic) that `value=critic` scores with; it must have
     been trained on the model's dataset."""
+    decode: str = "auto"
+    """How the model decodes each planned token. `eager`: step by step as written (on the CPU
+    the native kernels where they build, else PyTorch); `cuda_graph`: the PyTorch step captured
+    once per number of planned envs as a CUDA graph and replayed (CUDA only); `compile`:
+    `torch.compile` of the PyTorch step (with `mode="reduce-overhead"`, CUDA graphs of its own,
+    on CUDA); `auto`: `cuda_graph` on CUDA, `eager` elsewhere. All of them plan the same."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or
@@ -70,6 +76,7 @@ class PlannerConfig:
     TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
     VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic")
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
+    DECODES: typing.ClassVar[tuple[str, ...]] = ("auto", "eager", "cuda_graph", "compile")
 
     def __post_init__(self) -> None:
         for name in ("reward_token", "value_token"):
@@ -105,6 +112,10 @@ class PlannerConfig:
             )
         if self.value not in self.VALUES:
             raise ValueError(f"planner.value must be model or critic, got {self.value!r}")
+        if self.decode not in self.DECODES:
+            raise ValueError(
+                f"planner.decode must be one of {', '.join(self.DECODES)}, got {self.decode!r}"
+            )
         if self.agent not in self.AGENTS:
             raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")
         if self.plan_every > self.horizon:

@@ -1,0 +1,124 @@
+"""The planner on a GPU: plans as on the CPU, every decode path plans the same, a plan call
+never waits on the device, and a model trained on CUDA plans on the CPU. All but the first
+test need a CUDA device and are skipped elsewhere."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import numpy as np
+import pytest
+import torch
+from conftest import cuda_only, tiny_training, tiny_training_info
+from test_beam import SMALL, assert_same_plan, run_steps, tiny_discretizer, tiny_model
+
+from trajectory_transformer.checkpoint import build_payload, save_atomic
+from trajectory_transformer.model.captured import CapturedDecodeStep
+from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.training.trainer import Trainer
+
+
+def test_a_cuda_graph_off_cuda_is_refused_with_what_to_do() -> None:
+    with pytest.raises(ValueError, match=r"decode=cuda_graph needs a CUDA device.*decode=auto"):
+        BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", decode="cuda_graph", **SMALL)
+    with pytest.raises(ValueError, match=r"planner\.decode must be one of auto, eager"):
+        BeamPlanner(tiny_model(), tiny_discretizer(), decode="graph", **SMALL)
+    assert BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", **SMALL).decode == "eager"
+
+
+def play(planner: BeamPlanner, envs: int = 3):
+    """A few steps with an episode ending (so that groups of other history lengths and sizes
+    are planned), then the plan of the next observation."""
+    planner.reset(envs)
+    obs = run_steps(planner, 4, {1: [0], 2: [2]})
+    return planner.plan(obs), obs
+
+
+def assert_same_plan_up_to_ties(a, b, atol: float = 1e-4) -> None:
+    """The same scores, and the same best plan in every env whose best plan is not within
+    rounding of another plan (a greedy search keeps copies of a beam: those are no tie)."""
+    a, b = (replace(p, **{f.name: getattr(p, f.name).cpu() for f in fields(p)}) for p in (a, b))
+    torch.testing.assert_close(a.scores, b.scores, atol=atol, rtol=0)  # best first, both
+    compared = 0
+    for env in range(a.tokens.shape[0]):
+        best = a.tokens[env, 0]
+        others = (a.tokens[env] != best).flatten(1).any(dim=1)  # beams that plan otherwise
+        runner_up = a.scores[env][others].max() if others.any() else -float("inf")
+        if a.scores[env, 0] - runner_up > 10 * atol:
+            assert torch.equal(b.tokens[env, 0], best), f"env {env} plans otherwise"
+            torch.testing.assert_close(b.rewards[env, 0], a.rewards[env, 0], atol=atol, rtol=0)
+            compared += 1
+    assert compared, "every env has a near tie: choose another seed"
+
+
+@cuda_only
+@pytest.mark.parametrize("decode", ["eager", "cuda_graph", "compile"])
+def test_greedy_plans_on_cuda_equal_the_cpus(decode: str) -> None:
+    plans = {}
+    for device in ("cpu", "cuda"):
+        planner = BeamPlanner(
+            tiny_model(),
+            tiny_discretizer(),
+            device=device,
+            deterministic=True,
+            decode="eager" if device == "cpu" else decode,
+            **SMALL,
+        )
+        plans[device] = play(planner)[0]
+    assert_same_plan_up_to_ties(plans["cuda"], plans["cpu"])
+
+
+@cuda_only
+def test_the_captured_decode_plans_as_the_eager_one_and_is_captured_once_per_shape() -> None:
+    plans = {}
+    for decode in ("eager", "cuda_graph"):
+        planner = BeamPlanner(
+            tiny_model(), tiny_discretizer(), device="cuda", decode=decode, seed=5, **SMALL
+        )
+        plans[decode], obs = play(planner)
+        if decode == "cuda_graph":
+            steps = dict(planner._steps)
+            assert steps and all(isinstance(s, CapturedDecodeStep) for s in steps.values())
+            graphs = {groups: step.graph for groups, step in steps.items()}
+            planner.plan(obs)  # replays: nothing captured again
+            assert {groups: step.graph for groups, step in planner._steps.items()} == graphs
+    # The same kernels on the same draws: equal bit for bit.
+    assert_same_plan(plans["cuda_graph"], plans["eager"])
+
+
+@cuda_only
+@pytest.mark.parametrize("decode", ["eager", "cuda_graph"])
+def test_a_plan_call_never_waits_on_the_gpu(decode: str) -> None:
+    planner = BeamPlanner(tiny_model(), tiny_discretizer(), device="cuda", decode=decode, **SMALL)
+    planner.reset(3)
+    obs = run_steps(planner, 2)  # captures what it will replay
+    active = np.array([True, False, True])
+    planner.plan(obs, active=active)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        plan = planner.plan(obs, active=active)
+        planner.plan(obs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert plan.tokens.is_cuda and not plan.tokens[1].any()
+
+
+@cuda_only
+def test_a_model_trained_on_cuda_plans_on_the_cpu(tmp_path) -> None:
+    model, windows, discretizer, cfg = tiny_training(device="cuda")
+    Trainer(model, windows, replace(cfg, max_steps=5), lambda s: tmp_path, progress=False).train()
+    path = save_atomic(
+        build_payload(model, discretizer, tiny_training_info(), {"seed": 0}, None),
+        tmp_path / "checkpoint.pt",
+    )
+    plans = {}
+    for device in ("cuda", "cpu"):
+        planner = BeamPlanner.from_checkpoint(
+            path, device=device, deterministic=True, **(SMALL | dict(horizon=2))
+        )  # 2 + 2 transitions fit the model's window of 4
+        assert planner.model.head_weight.device.type == device
+        planner.reset(2)
+        observations = np.random.default_rng(0).normal(size=(2, 2)).astype(np.float32)
+        plans[device] = planner.plan(observations)
+    assert_same_plan_up_to_ties(plans["cuda"], plans["cpu"])

@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from adastop import MultipleAgentsComparator
 
 from trajectory_transformer.checkpoint import read_payload
 from trajectory_transformer.comparison.statistics import (
@@ -461,6 +460,10 @@ class Decider:
     """AdaStop's comparator, rebuilt from the stored scores by replaying every interim."""
 
     def __init__(self, spec: ComparisonSpec, state: ComparisonState) -> None:
+        # Imported here: adastop brings pandas and matplotlib, which every other command (they
+        # all read this module's specs and errors) would otherwise load at start.
+        from adastop import MultipleAgentsComparator
+
         self.spec = spec
         self.comparator = MultipleAgentsComparator(
             n=spec.n,

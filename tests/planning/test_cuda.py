@@ -13,14 +13,15 @@ from conftest import cuda_only, tiny_training, tiny_training_info
 from test_beam import SMALL, assert_same_plan, run_steps, tiny_discretizer, tiny_model
 
 from trajectory_transformer.checkpoint import build_payload, save_atomic
-from trajectory_transformer.model.captured import CapturedDecodeStep
+from trajectory_transformer.model.captured import CapturedCall
 from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.training.trainer import Trainer
 
 
 def test_a_cuda_graph_off_cuda_is_refused_with_what_to_do() -> None:
-    with pytest.raises(ValueError, match=r"decode=cuda_graph needs a CUDA device.*decode=auto"):
-        BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", decode="cuda_graph", **SMALL)
+    for decode in ("cuda_graph", "search_graph"):
+        with pytest.raises(ValueError, match=rf"decode={decode} needs a CUDA device.*=auto"):
+            BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", decode=decode, **SMALL)
     with pytest.raises(ValueError, match=r"planner\.decode must be one of auto, eager"):
         BeamPlanner(tiny_model(), tiny_discretizer(), decode="graph", **SMALL)
     assert BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", **SMALL).decode == "eager"
@@ -52,7 +53,7 @@ def assert_same_plan_up_to_ties(a, b, atol: float = 1e-4) -> None:
 
 
 @cuda_only
-@pytest.mark.parametrize("decode", ["eager", "cuda_graph", "compile"])
+@pytest.mark.parametrize("decode", ["eager", "cuda_graph", "search_graph", "compile"])
 def test_greedy_plans_on_cuda_equal_the_cpus(decode: str) -> None:
     plans = {}
     for device in ("cpu", "cuda"):
@@ -69,25 +70,29 @@ def test_greedy_plans_on_cuda_equal_the_cpus(decode: str) -> None:
 
 
 @cuda_only
-def test_the_captured_decode_plans_as_the_eager_one_and_is_captured_once_per_shape() -> None:
+@pytest.mark.parametrize("decode", ["cuda_graph", "search_graph"])
+def test_a_captured_decode_plans_as_the_eager_one_and_is_captured_once_per_shape(decode: str):
     plans = {}
-    for decode in ("eager", "cuda_graph"):
+    for path in ("eager", decode):
         planner = BeamPlanner(
-            tiny_model(), tiny_discretizer(), device="cuda", decode=decode, seed=5, **SMALL
+            tiny_model(), tiny_discretizer(), device="cuda", decode=path, seed=5, **SMALL
         )
-        plans[decode], obs = play(planner)
-        if decode == "cuda_graph":
-            steps = dict(planner._steps)
-            assert steps and all(isinstance(s, CapturedDecodeStep) for s in steps.values())
-            graphs = {groups: step.graph for groups, step in steps.items()}
+        plans[path], obs = play(planner)
+        if path == decode:
+            captures = dict(planner._captures)
+            kind = {"cuda_graph": "step", "search_graph": "search"}[decode]
+            assert captures and {key[0] for key in captures} == {kind}
+            graphs = {key: capture for key, capture in captures.items()}
             planner.plan(obs)  # replays: nothing captured again
-            assert {groups: step.graph for groups, step in planner._steps.items()} == graphs
+            assert dict(planner._captures) == graphs
+            calls = [c if isinstance(c, CapturedCall) else c.call for c in graphs.values()]
+            assert all(call.graph is not None for call in calls)
     # The same kernels on the same draws: equal bit for bit.
-    assert_same_plan(plans["cuda_graph"], plans["eager"])
+    assert_same_plan(plans[decode], plans["eager"])
 
 
 @cuda_only
-@pytest.mark.parametrize("decode", ["eager", "cuda_graph"])
+@pytest.mark.parametrize("decode", ["eager", "cuda_graph", "search_graph"])
 def test_a_plan_call_never_waits_on_the_gpu(decode: str) -> None:
     planner = BeamPlanner(tiny_model(), tiny_discretizer(), device="cuda", decode=decode, **SMALL)
     planner.reset(3)

@@ -8,7 +8,7 @@ import torch
 
 from trajectory_transformer.planning.config import TOKEN_KINDS, PlannerConfig
 from trajectory_transformer.planning.sampling import (
-    TransitionNoise,
+    SearchNoise,
     exponential_noise_,
     filter_cdf,
     filter_logits,
@@ -116,22 +116,30 @@ def test_filtered_sampling_stays_in_the_kept_set() -> None:
     assert kept.gather(1, tokens[:, None]).all()
 
 
-def test_an_envs_transition_noise_comes_from_its_own_stream_alone() -> None:
+def test_an_envs_search_noise_comes_from_its_own_stream_alone() -> None:
     sampling = {"act": {}, "reward": {}, "value": dict(deterministic=True), "obs": dict(top_k=2)}
-    args = dict(action_dim=2, observation_dim=3, n_bins=5, beams=4, copies=2)
+    args = dict(action_dim=2, observation_dim=3, n_bins=5, beams=4, copies=2, transitions=3)
     alone, together = (
-        TransitionNoise(sampling, groups=1, **args),
-        TransitionNoise(sampling, groups=3, **args),
+        SearchNoise(sampling, groups=1, **args),
+        SearchNoise(sampling, groups=3, **args),
     )
     alone.draw([torch.Generator().manual_seed(7)])
     together.draw([torch.Generator().manual_seed(s) for s in (1, 7, 2)])
     assert alone.rows("value") is None  # greedy: nothing drawn
-    for kind, index in (("act", 0), ("act", 1), ("reward", 0), ("obs", 2)):
-        rows = together.rows(kind, index)  # (copy, env, beam)
-        copies = 1 if kind == "obs" else 2
-        assert rows.shape == (copies * 3 * 4, 5)
-        env_1 = rows.view(copies, 3, 4, 5)[:, 1].reshape(-1, 5)
-        assert torch.equal(env_1, alone.rows(kind, index))
+    # Per transition 2 x 8 action, 8 reward and 3 x 4 observation draws; none after the last.
+    assert alone.buffer.shape == (1, 3 * 36 - 12, 5)
+    seen = []
+    for transition in range(3):
+        kinds = [("act", 0), ("act", 1), ("reward", 0)] + [("obs", i) for i in range(3)]
+        for kind, index in kinds[: 3 if transition == 2 else None]:
+            rows = together.rows(kind, index, transition)  # (copy, env, beam)
+            copies = 1 if kind == "obs" else 2
+            assert rows.shape == (copies * 3 * 4, 5)
+            env_1 = rows.view(copies, 3, 4, 5)[:, 1].reshape(-1, 5)
+            assert torch.equal(env_1, alone.rows(kind, index, transition))
+            seen.append(alone.rows(kind, index, transition))
+    # Every draw is handed out once, in the stream's order.
+    assert torch.equal(torch.cat(seen), alone.buffer[0])
     assert (together.buffer > 0).all() and torch.isfinite(together.buffer).all()
 
 

@@ -38,12 +38,14 @@ def training_bytes(config: GPTConfig, batch_size: int) -> int:
 
 
 def planning_bytes(config: GPTConfig, planner: PlannerConfig, envs: int) -> int:
-    """A search's memory: the cached keys and values of every row's planned positions, and a
-    few logits-sized buffers per row, besides the weights."""
+    """A search's memory: the cached keys and values of every row's planned positions, a few
+    logits-sized buffers per row, and the noise of the whole search, drawn before it (at most
+    one logits-sized draw per planned token and row), besides the weights."""
     rows = envs * planner.beam_width * planner.n_expand
     planned = planner.horizon * config.transition_dim
     cache = 2 * config.n_layer * planned * config.embedding_dim
-    return FLOAT_BYTES * (parameter_count(config) + rows * (cache + 4 * config.n_bins))
+    noise = planned * config.n_bins
+    return FLOAT_BYTES * (parameter_count(config) + rows * (cache + 4 * config.n_bins + noise))
 
 
 def memory_of(device: torch.device) -> int:

@@ -40,12 +40,12 @@ from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
-from trajectory_transformer.model.captured import CapturedDecodeStep
+from trajectory_transformer.model.captured import CapturedCall
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
-from trajectory_transformer.planning.sampling import TransitionNoise, sample_tokens
+from trajectory_transformer.planning.sampling import SearchNoise, sample_tokens
 
 if TYPE_CHECKING:
     import os
@@ -80,6 +80,14 @@ class _Search:
     scores: torch.Tensor  # (G, B)
     rows: torch.Tensor  # (G * B,) cache row of each final beam
     cache: SharedPrefixKVCache
+
+
+@dataclass
+class _CapturedSearch:
+    """A search's planned transitions captured as a CUDA graph, and the noise buffer it reads."""
+
+    call: CapturedCall
+    noise: SearchNoise
 
 
 class BeamPlanner:
@@ -141,8 +149,8 @@ class BeamPlanner:
         self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
         self.decode = self._decode_mode()
-        # Captured or compiled decode steps by number of planned envs, over `_cache`'s buffers.
-        self._steps: OrderedDict[int, Callable] = OrderedDict()
+        # Captured or compiled decode steps and searches by shape, over `_cache`'s buffers.
+        self._captures: OrderedDict[tuple, object] = OrderedDict()
         self._graph_pool = None
         self.reset(1)
 
@@ -151,9 +159,9 @@ class BeamPlanner:
         decode, cuda = self.config.decode, self.device.type == "cuda"
         if decode == "auto":
             return "cuda_graph" if cuda else "eager"
-        if decode == "cuda_graph" and not cuda:
+        if decode in ("cuda_graph", "search_graph") and not cuda:
             raise ValueError(
-                f"planner.decode=cuda_graph needs a CUDA device, and this planner runs on "
+                f"planner.decode={decode} needs a CUDA device, and this planner runs on "
                 f"{self.device}; use planner.decode=auto (eager on the CPU) or run on cuda"
             )
         return decode
@@ -436,32 +444,41 @@ class BeamPlanner:
                 prefix_len=c.context_transitions * T + n_obs,
                 own_len=c.horizon * T - n_obs,
             )
-            self._steps.clear()  # they read the old buffers
+            self._captures.clear()  # they read the old buffers
         return self._cache
 
-    MAX_CAPTURED_STEPS = 8
-    """Decode steps kept captured or compiled per planner, one per number of planned envs (a
-    continuous-batching tail plans fewer and fewer); the least recently used goes first."""
+    MAX_CAPTURES = 8
+    """Decode steps or searches kept captured or compiled per planner, one per shape (the
+    number of planned envs, and for a search their history length; a continuous-batching tail
+    plans fewer and fewer envs); the least recently used goes first."""
+
+    def _captured(self, key: tuple, build: Callable[[], object]) -> object:
+        """The capture (or compilation) of shape `key`, built on first use."""
+        entry = self._captures.get(key)
+        if entry is None:
+            while len(self._captures) >= self.MAX_CAPTURES:
+                self._captures.popitem(last=False)
+            entry = self._captures[key] = build()
+        self._captures.move_to_end(key)
+        return entry
+
+    def _pool(self) -> tuple[int, int]:
+        """The memory pool that this planner's CUDA graphs share."""
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        return self._graph_pool
 
     def _decoder(self, cache: SharedPrefixKVCache) -> Callable:
         """The decode step of a search over `cache` (after its prefill), by `decode`."""
-        if self.decode == "eager":
+        if self.decode in ("eager", "search_graph"):  # a captured search records the eager step
             return self.model.decoder(cache)
-        groups = cache.groups  # with the rows, the only shape that varies between searches
-        step = self._steps.get(groups)
-        if step is None:
-            while len(self._steps) >= self.MAX_CAPTURED_STEPS:
-                self._steps.popitem(last=False)
-            step = self._steps[groups] = self._new_step(cache)
-        self._steps.move_to_end(groups)
-        return step
+        # With the rows, the number of envs is the only shape that varies between searches.
+        return self._captured(("step", cache.groups), lambda: self._new_step(cache))
 
     def _new_step(self, cache: SharedPrefixKVCache) -> Callable:
         static_step = self.model.static_decoder(cache)
         if self.decode == "cuda_graph":
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            return CapturedDecodeStep(static_step, self._graph_pool)
+            return CapturedCall(static_step, self._pool())
         if self.device.type != "cuda":
             return torch.compile(static_step, fullgraph=True, dynamic=False)
         # CUDA graphs of torch.compile's own: the cache buffers it writes keep their storage,
@@ -483,7 +500,7 @@ class BeamPlanner:
 
     def _sample(self, logits: torch.Tensor, kind: str, noise: torch.Tensor | None) -> torch.Tensor:
         """Tokens of `kind` (obs, act, reward, value) under the planner's settings, drawn with
-        `noise` (rows, N) from a `TransitionNoise`."""
+        `noise` (rows, N) from a `SearchNoise`."""
         return sample_tokens(logits, noise, **self._sampling[kind])
 
     def _expected(self, logits: torch.Tensor, dim: int) -> torch.Tensor:
@@ -523,19 +540,64 @@ class BeamPlanner:
         """Beam search from contexts (G, n*T + O) of one length, env g drawing its random
         numbers from `generators[g]`; see the module docstring.
 
+        The context's prefill and the random numbers come first; the planned transitions
+        (`_plan_transitions`) then have fixed shapes and call no generator, so with
+        `decode=search_graph` they are one CUDA graph per (envs, context length)."""
+        G, context_length = context.shape
+        # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
+        logits = self.model.prefill(context, cache)[:, -1]  # (G, N): each env's first action
+        if self.decode == "search_graph":
+            search = self._captured(
+                ("search", G, context_length), lambda: self._new_search(cache, G)
+            )
+            search.noise.draw(generators)  # into the buffer that the graph reads
+            found = search.call(context, logits)
+        else:
+            noise = self._new_noise(G, context.device)
+            noise.draw(generators)
+            found = self._plan_transitions(context, logits, noise, cache, self._decoder(cache))
+        return _Search(*found, cache=cache)
+
+    def _new_noise(self, groups: int, device: torch.device) -> SearchNoise:
+        c = self.config
+        n_bins, B, X, H = self.model.config.n_bins, c.beam_width, c.n_expand, c.horizon
+        sampling, A, O = self._sampling, self.action_dim, self.observation_dim  # noqa: E741
+        return SearchNoise(sampling, A, O, n_bins, groups, B, X, H, device)
+
+    def _new_search(self, cache: SharedPrefixKVCache, groups: int) -> _CapturedSearch:
+        """`_plan_transitions` over `cache` for `groups` envs, captured as one CUDA graph, with
+        the noise buffer it reads."""
+        noise = self._new_noise(groups, cache.device)
+        decode = self.model.static_decoder(cache)
+
+        def plan_transitions(context: torch.Tensor, logits: torch.Tensor):
+            return self._plan_transitions(context, logits, noise, cache, decode)
+
+        return _CapturedSearch(CapturedCall(plan_transitions, self._pool()), noise)
+
+    def _plan_transitions(
+        self,
+        context: torch.Tensor,
+        first_logits: torch.Tensor,
+        noise: SearchNoise,
+        cache: SharedPrefixKVCache,
+        decode: Callable,
+    ) -> tuple[torch.Tensor, ...]:
+        """The planned transitions of a search after its prefill: from the contexts (G, L),
+        each env's logits of its first action token (G, N) and the search's drawn `noise`,
+        decoding with `decode(tokens, position)`. Returns the tokens (G, B, H, T), rewards and
+        values (G, B, H), scores (G, B) and cache rows (G * B,) of the final beams.
+
         Plan columns index a transition's tokens in the plan (transition h starts at column
         h * T); absolute positions are where a token sits in the model's sequence, the plan
         starting at `plan_start`, the position of the current observation."""
-        c, model = self.config, self.model
+        c = self.config
         obs_dim, act_dim, T = self.observation_dim, self.action_dim, self.transition_dim
         REWARD, VALUE = obs_dim + act_dim, obs_dim + act_dim + 1  # offsets in a transition
         G, context_length = context.shape
         B, X, H = c.beam_width, c.n_expand, c.horizon
         plan_start = context_length - obs_dim
-
-        # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
-        logits = model.prefill(context, cache)[:, -1]  # (G, N): each env's first action token
-        layout, decode = cache.layout, self._decoder(cache)  # decode(tokens, position)
+        layout = cache.layout
         n_beams = layout.per_copy  # G * B rows hold the beams (expansion copy 0)
         n_candidates = n_beams * X  # every beam's X expansion copies
         # Rows that decode observations. The native CPU step takes any rows, so only the beams
@@ -543,10 +605,8 @@ class BeamPlanner:
         # whole search (one compiled graph), so every copy decodes what its beam does.
         obs_rows = n_beams if getattr(decode, "rows_may_vary", False) else n_candidates
         at = self._position  # absolute position -> device tensor (1,)
-        n_bins = model.config.n_bins
-        noise = TransitionNoise(self._sampling, act_dim, obs_dim, n_bins, G, B, X, context.device)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
-        logits = logits[env_of_row]  # (rows, N)
+        logits = first_logits[env_of_row]  # (rows, N)
         beams = _Beams(
             tokens=torch.zeros(n_candidates, H * T, dtype=torch.long, device=context.device),
             rewards=torch.zeros(n_candidates, H, device=context.device),
@@ -558,11 +618,10 @@ class BeamPlanner:
         for h in range(H):
             column = h * T  # transition h's first plan column
             position = plan_start + column  # ... and its absolute position
-            noise.draw(generators, last=h == H - 1)
 
             # Actions: every candidate samples its own, so the X copies of a beam diverge.
             for j in range(obs_dim, REWARD):
-                token = self._sample(logits, "act", noise.rows("act", j - obs_dim))
+                token = self._sample(logits, "act", noise.rows("act", j - obs_dim, h))
                 beams.tokens[:, column + j] = token
                 logits = decode(token, at(position + j))  # (rows, N)
 
@@ -570,11 +629,13 @@ class BeamPlanner:
             # fed back into the sequence.
             reward = self._expected(logits, REWARD)  # (rows,)
             beams.tokens[:, column + REWARD] = token = self._sample(
-                logits, "reward", noise.rows("reward")
+                logits, "reward", noise.rows("reward", 0, h)
             )
             logits = decode(token, at(position + REWARD))
             value = self._expected(logits, VALUE)  # (rows,)
-            beams.tokens[:, column + VALUE] = self._sample(logits, "value", noise.rows("value"))
+            beams.tokens[:, column + VALUE] = self._sample(
+                logits, "value", noise.rows("value", 0, h)
+            )
             candidate_scores = self._score(beams, h, reward, value)  # (rows,)
 
             # Select: the best B of each env's X * B candidates become its beams, rows [0, G*B).
@@ -594,7 +655,7 @@ class BeamPlanner:
             logits = decode(value_tokens, at(position + VALUE))
             next_column = column + T
             for i in range(obs_dim):
-                token = self._sample(logits[:n_beams], "obs", noise.rows("obs", i))  # (beams,)
+                token = self._sample(logits[:n_beams], "obs", noise.rows("obs", i, h))  # (beams,)
                 beams.tokens[:, next_column + i] = layout.repeat(token, X)
                 logits = decode(layout.repeat(token, obs_rows // n_beams), at(position + T + i))
 
@@ -606,11 +667,10 @@ class BeamPlanner:
                 cache.repeat_rows_(n_beams, X, written, start=context_length)
             logits = layout.repeat(logits[:n_beams], X)  # (rows, N)
 
-        return _Search(
-            tokens=beams.tokens[:n_beams].view(G, B, H, T),
-            rewards=beams.rewards[:n_beams].view(G, B, H),
-            values=beams.values[:n_beams].view(G, B, H),
-            scores=scores,
-            rows=chosen,
-            cache=cache,
+        return (
+            beams.tokens[:n_beams].view(G, B, H, T),
+            beams.rewards[:n_beams].view(G, B, H),
+            beams.values[:n_beams].view(G, B, H),
+            scores,
+            chosen,
         )

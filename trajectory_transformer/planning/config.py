@@ -65,7 +65,9 @@ class PlannerConfig:
     decode: str = "auto"
     """How the model decodes each planned token. `eager`: step by step as written (on the CPU
     the native kernels where they build, else PyTorch); `cuda_graph`: the PyTorch step captured
-    once per number of planned envs as a CUDA graph and replayed (CUDA only); `compile`:
+    once per number of planned envs as a CUDA graph and replayed (CUDA only); `search_graph`:
+    the whole search after the context's prefill (decode steps, sampling, scoring, selection)
+    captured once per number of planned envs and history length (CUDA only); `compile`:
     `torch.compile` of the PyTorch step (with `mode="reduce-overhead"`, CUDA graphs of its own,
     on CUDA); `auto`: `cuda_graph` on CUDA, `eager` elsewhere. All of them plan the same."""
     agent: str = "beam"
@@ -76,7 +78,13 @@ class PlannerConfig:
     TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
     VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic")
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
-    DECODES: typing.ClassVar[tuple[str, ...]] = ("auto", "eager", "cuda_graph", "compile")
+    DECODES: typing.ClassVar[tuple[str, ...]] = (
+        "auto",
+        "eager",
+        "cuda_graph",
+        "search_graph",
+        "compile",
+    )
 
     def __post_init__(self) -> None:
         for name in ("reward_token", "value_token"):

@@ -3,7 +3,7 @@
 Deliberately plain: one environment at a time, the whole sequence re-run through the model
 for every token, sequences grown with `torch.cat`. It follows `BeamPlanner`'s algorithm and row
 order step by step, so with greedy sampling both return the same plans, and for a single
-environment they also draw the same random numbers (`TransitionNoise`, one env's share).
+environment they also draw the same random numbers (`SearchNoise`, one env's share).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
-from trajectory_transformer.planning.sampling import TransitionNoise, sample_tokens
+from trajectory_transformer.planning.sampling import SearchNoise, sample_tokens
 
 
 @torch.inference_mode()
@@ -72,10 +72,12 @@ def _search_one(
         return model(sequences)[:, -1]  # (rows, N), the whole prefix every time
 
     sampling = c.token_sampling()
-    noise = TransitionNoise(sampling, n_act, n_obs, model.config.n_bins, 1, B, X, context.device)
+    noise = SearchNoise(sampling, n_act, n_obs, model.config.n_bins, 1, B, X, H, context.device)
+    noise.draw([generator])
+    h = 0  # the transition being planned
 
     def sample(logits: torch.Tensor, kind: str, index: int = 0) -> torch.Tensor:
-        return sample_tokens(logits, noise.rows(kind, index), **sampling[kind])
+        return sample_tokens(logits, noise.rows(kind, index, h), **sampling[kind])
 
     def expected(logits: torch.Tensor, dim: int) -> torch.Tensor:
         probs = (logits / c.temperature).softmax(dim=-1)
@@ -86,7 +88,6 @@ def _search_one(
     values = torch.zeros(B * X, H, device=context.device)
     so_far = torch.zeros(B * X, device=context.device)
     for h in range(H):
-        noise.draw([generator], last=h == H - 1)
         for j in range(n_act):
             token = sample(next_logits(sequences), "act", j)
             sequences = torch.cat([sequences, token[:, None]], dim=1)

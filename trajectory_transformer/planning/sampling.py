@@ -4,9 +4,9 @@ The order follows the original Trajectory Transformer: divide by the temperature
 the smallest set of tokens whose cumulative probability reaches `cdf`, then the `top_k` most
 likely, then draw. Draws use the exponential race (argmax of p / Exp(1)), which samples from p
 exactly and, unlike `torch.multinomial`, never checks the distribution on the host. The Exp(1)
-noise is drawn ahead, a planned transition's worth at a time (`TransitionNoise`), so sampling
-is an argmax over given tensors: no generator inside the decode loop, which a captured or
-compiled step could not call.
+noise is drawn ahead, a whole search's worth at a time (`SearchNoise`), so sampling is an
+argmax over given tensors: no generator inside the search, which a captured or compiled search
+could not call.
 """
 
 from __future__ import annotations
@@ -100,15 +100,18 @@ def sample_tokens(
     return sample_categorical(filter_logits(logits, temperature, top_k, cdf), noise)
 
 
-class TransitionNoise:
-    """The Exp(1) noise of every draw of one planned transition, for G environments.
+class SearchNoise:
+    """The Exp(1) noise of every draw of one search (`transitions` planned transitions), for G
+    environments.
 
-    Per env, in this order: the A action tokens of its X * B candidates, their reward and value
-    tokens, then the O observation tokens of its B beams (each kind only where it is sampled,
-    observations only when another transition follows). `draw` fills each env's share from
-    that env's own generator into a buffer allocated once, so an env's plans depend on its
-    stream alone, not on which other envs are planned beside it. `rows` hands a draw out in
-    the rows' `RowLayout` order (copy, env, beam).
+    Per env and transition, in this order: the A action tokens of its X * B candidates, their
+    reward and value tokens, then the O observation tokens of its B beams (each kind only
+    where it is sampled); the transitions one after the other, the last without observation
+    draws, since no transition follows it. `draw` fills each env's share from that env's own
+    generator in one call, before the search, so an env's plans depend on its stream alone,
+    not on which other envs are planned beside it, and the search itself calls no generator
+    (it can be captured as one CUDA graph). `rows` hands a draw out in the rows' `RowLayout`
+    order (copy, env, beam).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class TransitionNoise:
         groups: int,
         beams: int,
         copies: int,
+        transitions: int,
         device: torch.device | str | None = None,
     ) -> None:
         self.groups, self.beams, self.copies = groups, beams, copies
@@ -132,23 +136,25 @@ class TransitionNoise:
                 rows = beams if kind == "obs" else candidates
                 self._segments[kind] = (start, count, rows)
                 start += count * rows
-        self._obs_draws = counts["obs"] * beams if "obs" in self._segments else 0
-        self.buffer = torch.empty(groups, start, n_bins, device=device)  # (G, draws, N)
+        self._per_transition = start
+        obs_draws = counts["obs"] * beams if "obs" in self._segments else 0
+        draws = transitions * start - obs_draws
+        self.buffer = torch.empty(groups, max(draws, 0), n_bins, device=device)  # (G, draws, N)
 
-    def draw(self, generators: list[torch.Generator], last: bool = False) -> None:
-        """New noise for the next transition, env g's from `generators[g]`; the `last`
-        transition samples no observation."""
-        end = self.buffer.shape[1] - (self._obs_draws if last else 0)
+    def draw(self, generators: list[torch.Generator]) -> None:
+        """New noise for a whole search, env g's from `generators[g]`."""
         for env, generator in enumerate(generators):
-            exponential_noise_(self.buffer[env, :end], generator)
+            exponential_noise_(self.buffer[env], generator)
 
-    def rows(self, kind: str, index: int = 0) -> torch.Tensor | None:
-        """Noise (rows, N) for draw `index` of `kind` (obs, act, reward, value), rows in
-        (copy, env, beam) order (observations: the beams only); None if not sampled."""
+    def rows(self, kind: str, index: int = 0, transition: int = 0) -> torch.Tensor | None:
+        """Noise (rows, N) for draw `index` of `kind` (obs, act, reward, value) in planned
+        `transition`, rows in (copy, env, beam) order (observations: the beams only); None if
+        not sampled."""
         if kind not in self._segments:
             return None
         start, _, rows = self._segments[kind]
-        block = self.buffer[:, start + index * rows : start + (index + 1) * rows]  # (G, rows, N)
+        start += transition * self._per_transition + index * rows
+        block = self.buffer[:, start : start + rows]  # (G, rows, N)
         copies = rows // self.beams
         block = block.view(self.groups, copies, self.beams, -1)  # (G, X, B, N)
         return block.transpose(0, 1).reshape(copies * self.groups * self.beams, -1)

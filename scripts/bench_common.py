@@ -35,9 +35,15 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=5, help="context transitions")
     parser.add_argument(
         "--decode",
-        default="auto",
+        default="eager",
         choices=PlannerConfig.DECODES,
-        help="planner.decode: auto (cuda_graph on CUDA), eager, cuda_graph or compile",
+        help="planner.decode: eager, or compile (torch.compile of the decode step)",
+    )
+    parser.add_argument(
+        "--cuda-graph",
+        default="step",
+        choices=PlannerConfig.CUDA_GRAPHS,
+        help="planner.cuda_graph: what CUDA captures, none, the decode step or the whole search",
     )
     parser.add_argument("--greedy", action="store_true", help="plan deterministically")
     parser.add_argument("--bf16", action="store_true", help="plan under bfloat16 autocast (CUDA)")
@@ -74,6 +80,7 @@ def search_settings(args: argparse.Namespace) -> dict:
         context_transitions=args.context,
         seed=args.seed,
         decode=args.decode,
+        cuda_graph=args.cuda_graph,
         deterministic=args.greedy,
     )
 

@@ -2,8 +2,8 @@
 # The GPU figures of BENCHMARKS.md in one run, on a machine with one CUDA device where the
 # package and its dependencies import:
 #   1. the device-parametrised tests on CUDA (every path against its reference, no host sync);
-#   2. the decode paths side by side in one process (eager, the step or the whole search as a
-#      CUDA graph, torch.compile, bf16);
+#   2. the decode paths side by side in one process (eager or compiled; nothing, the step or
+#      the whole search captured as a CUDA graph; bf16);
 #   3. HalfCheetah-v5, 25 envs x 1000 steps, the paper's model and search (the headline);
 #   4. the whole test suite;
 #   5. the decode paths at 1000 envs, and the env-count scaling table.
@@ -30,19 +30,18 @@ step() {  # name, time limit in seconds, command...
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
 "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 
-step tests-cuda 75 "$python" -m pytest -q -p no:cacheprovider -n 8 -k cuda \
+step tests-cuda 100 "$python" -m pytest -q -p no:cacheprovider -n 8 -k cuda \
     tests/planning/test_cuda.py tests/planning/test_beam.py tests/model/test_kv_cache.py \
     tests/training/test_trainer.py tests/test_checkpoint.py tests/cli/test_eval_cli.py
-# TORCH_LOGS=cudagraphs says whether torch.compile's own CUDA graphs were used or skipped.
-TORCH_LOGS=cudagraphs step decode-25-envs 90 "$python" scripts/bench_planner.py --device cuda \
+step decode-25-envs 120 "$python" scripts/bench_planner.py --device cuda \
     --envs 25 --reps 20 --warmup 3 --greedy \
-    --compare-decodes eager,cuda_graph,search_graph,compile,cuda_graph+bf16
+    --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search,eager/step+bf16
 step rollout-25x1000 90 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
-    --decode search_graph
+    --decode compile --cuda-graph search
 # -v names each test as it ends, so a run cut short still says what failed.
 TAIL=40 step tests-all 170 "$python" -m pytest -v -rf -p no:cacheprovider -n 14 -k "not video" \
     --ignore=tests/test_notebooks.py --ignore=tests/test_install.py "$@"
-step decode-1000-envs 45 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 5 \
-    --warmup 1 --greedy --compare-decodes eager,cuda_graph,search_graph
+step decode-1000-envs 75 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 3 \
+    --warmup 1 --greedy --compare-decodes eager/none,eager/step,compile/search
 step rollout-scaling 90 "$python" scripts/bench_rollout.py --device cuda \
-    --envs 1,25,100,250,1000 --steps 50 --decode search_graph
+    --envs 1,25,100,250,1000 --steps 50 --decode compile --cuda-graph search

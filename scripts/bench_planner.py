@@ -19,6 +19,7 @@ does, and as it would be with a copy of the context per beam).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -39,6 +40,7 @@ from bench_common import (
     planning_precision,
     search_settings,
 )
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
@@ -70,11 +72,16 @@ def parse_args() -> argparse.Namespace:
         help="alternate plan calls with and without the native CPU kernel in this process",
     )
     parser.add_argument(
+        "--count-operators",
+        action="store_true",
+        help="count the ATen operators of one plan call, inside the decode steps and around them",
+    )
+    parser.add_argument(
         "--compare-decodes",
         default=None,
-        help="alternate plan calls of these decode paths in this process, e.g. "
-        "eager,cuda_graph,compile,cuda_graph+bf16 (+bf16: under bfloat16 autocast); with "
-        "--greedy, also whether each plans what the first does",
+        help="alternate plan calls of these decode paths (planner.decode/planner.cuda_graph) "
+        "in this process, e.g. eager/none,eager/step,compile/search,eager/step+bf16 (+bf16: "
+        "under bfloat16 autocast); with --greedy, also whether each plans what the first does",
     )
     return parser.parse_args()
 
@@ -169,6 +176,9 @@ def main() -> None:
     if args.compare_decodes:
         compare_decodes(args, model, discretizer, history, observations.to(device))
         return
+    if args.count_operators:
+        count_operators(planner, observations)
+        return
 
     if args.naive:
         contexts = planner.context_tokens(observations)
@@ -250,6 +260,52 @@ def main() -> None:
     print(json.dumps(result))
 
 
+class OperatorCount(TorchDispatchMode):
+    """Counts the ATen operators that run while it is active (views included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operators(planner: BeamPlanner, observations: torch.Tensor) -> None:
+    """The ATen operators of one plan call (after a warm-up call), inside its decode steps and
+    around them: on a GPU each is a launch unless it is captured. Counted on the PyTorch path
+    (no native kernels), uncaptured."""
+    inside = collections.Counter()
+    step_of = planner._step
+
+    def counted_step(cache):
+        step = step_of(cache)
+
+        def step_counted(tokens, position):
+            with OperatorCount() as count:
+                logits = step(tokens, position)
+            inside.update(count.counts)
+            return logits
+
+        return step_counted
+
+    planner.cuda_graph = "none"
+    with native.native_kernels(False):
+        planner.plan(observations)
+        planner._step = counted_step
+        with OperatorCount() as total:
+            planner.plan(observations)
+    n_total, n_inside = sum(total.counts.values()), sum(inside.values())
+    around = total.counts - inside
+    print(
+        f"{planner.num_envs} env(s): {n_total} operators per plan call, {n_inside} in the decode "
+        f"steps, {n_total - n_inside} around them; most common around: "
+        + ", ".join(f"{name} {count}" for name, count in around.most_common(8))
+    )
+    print(json.dumps({"envs": planner.num_envs, "operators": n_total, "in_decode": n_inside}))
+
+
 def compare_decodes(
     args: argparse.Namespace,
     model: TrajectoryGPT,
@@ -263,8 +319,9 @@ def compare_decodes(
     variants = [name.strip() for name in args.compare_decodes.split(",") if name.strip()]
     planners, precisions = {}, {}
     for name in variants:
-        decode, _, precision = name.partition("+")
-        settings = search_settings(args) | {"decode": decode}
+        path, _, precision = name.partition("+")
+        decode, _, cuda_graph = path.partition("/")
+        settings = search_settings(args) | {"decode": decode, "cuda_graph": cuda_graph or "none"}
         planner = BeamPlanner(model, discretizer, device=device, **settings)
         planner.reset(args.envs)
         for env in range(args.envs):

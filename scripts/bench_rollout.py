@@ -193,7 +193,7 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
         "expand": args.expand,
         "horizon": args.horizon,
         "context": args.context,
-        "decode": planner.decode,
+        "decode": f"{planner.config.decode}/{planner.cuda_graph}",
         "bf16": args.bf16,
         "load_average": [round(x, 2) for x in load],
         "machine": platform.processor() or platform.machine(),

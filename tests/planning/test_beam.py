@@ -64,17 +64,34 @@ def test_refuses_context_and_horizon_beyond_the_block_size() -> None:
 
 
 PLANNER_PATHS = [
-    ("cpu", "eager"),
-    *(pytest.param("cuda", decode, marks=cuda_only) for decode in PlannerConfig.DECODES[1:]),
+    ("cpu", "eager", "step"),  # nothing is captured on the CPU
+    *(
+        pytest.param("cuda", decode, cuda_graph, marks=cuda_only)
+        for decode, cuda_graph in [
+            ("eager", "none"),
+            ("eager", "step"),
+            ("eager", "search"),
+            ("compile", "step"),
+            ("compile", "search"),
+        ]
+    ),
 ]
-"""Each device and decode path that a planner test compares with the reference."""
+"""Each device, decode and capture that a planner test compares with the reference."""
 
 
-@pytest.mark.parametrize("device, decode", PLANNER_PATHS)
+@pytest.mark.parametrize("device, decode, cuda_graph", PLANNER_PATHS)
 @pytest.mark.parametrize("dones", [None, {1: [0], 3: [2]}])
-def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(dones, device, decode):
+def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(
+    dones, device, decode, cuda_graph
+):
     planner = BeamPlanner(
-        tiny_model(), tiny_discretizer(), device=device, deterministic=True, decode=decode, **SMALL
+        tiny_model(),
+        tiny_discretizer(),
+        device=device,
+        deterministic=True,
+        decode=decode,
+        cuda_graph=cuda_graph,
+        **SMALL,
     )
     model, disc = planner.model, planner.discretizer
     planner.reset(3)

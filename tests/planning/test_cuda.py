@@ -18,13 +18,15 @@ from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.training.trainer import Trainer
 
 
-def test_a_cuda_graph_off_cuda_is_refused_with_what_to_do() -> None:
-    for decode in ("cuda_graph", "search_graph"):
-        with pytest.raises(ValueError, match=rf"decode={decode} needs a CUDA device.*=auto"):
-            BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", decode=decode, **SMALL)
-    with pytest.raises(ValueError, match=r"planner\.decode must be one of auto, eager"):
+def test_decode_settings_are_checked_and_nothing_is_captured_on_the_cpu() -> None:
+    with pytest.raises(ValueError, match=r"planner\.decode must be eager or compile"):
         BeamPlanner(tiny_model(), tiny_discretizer(), decode="graph", **SMALL)
-    assert BeamPlanner(tiny_model(), tiny_discretizer(), device="cpu", **SMALL).decode == "eager"
+    with pytest.raises(ValueError, match=r"planner\.cuda_graph must be none, step or search"):
+        BeamPlanner(tiny_model(), tiny_discretizer(), cuda_graph="all", **SMALL)
+    planner = BeamPlanner(tiny_model(), tiny_discretizer(), cuda_graph="search", **SMALL)
+    assert planner.cuda_graph == "none"
+    play(planner)
+    assert not planner._captures
 
 
 def play(planner: BeamPlanner, envs: int = 3):
@@ -53,8 +55,10 @@ def assert_same_plan_up_to_ties(a, b, atol: float = 1e-4) -> None:
 
 
 @cuda_only
-@pytest.mark.parametrize("decode", ["eager", "cuda_graph", "search_graph", "compile"])
-def test_greedy_plans_on_cuda_equal_the_cpus(decode: str) -> None:
+@pytest.mark.parametrize(
+    "decode, cuda_graph", [("eager", "none"), ("eager", "step"), ("compile", "search")]
+)
+def test_greedy_plans_on_cuda_equal_the_cpus(decode: str, cuda_graph: str) -> None:
     plans = {}
     for device in ("cpu", "cuda"):
         planner = BeamPlanner(
@@ -63,6 +67,7 @@ def test_greedy_plans_on_cuda_equal_the_cpus(decode: str) -> None:
             device=device,
             deterministic=True,
             decode="eager" if device == "cpu" else decode,
+            cuda_graph=cuda_graph,
             **SMALL,
         )
         plans[device] = play(planner)[0]
@@ -70,31 +75,32 @@ def test_greedy_plans_on_cuda_equal_the_cpus(decode: str) -> None:
 
 
 @cuda_only
-@pytest.mark.parametrize("decode", ["cuda_graph", "search_graph"])
-def test_a_captured_decode_plans_as_the_eager_one_and_is_captured_once_per_shape(decode: str):
+@pytest.mark.parametrize("cuda_graph", ["step", "search"])
+def test_a_capture_plans_as_the_uncaptured_step_and_is_captured_once_per_shape(cuda_graph: str):
     plans = {}
-    for path in ("eager", decode):
+    for captured in ("none", cuda_graph):
         planner = BeamPlanner(
-            tiny_model(), tiny_discretizer(), device="cuda", decode=path, seed=5, **SMALL
+            tiny_model(), tiny_discretizer(), device="cuda", cuda_graph=captured, seed=5, **SMALL
         )
-        plans[path], obs = play(planner)
-        if path == decode:
+        plans[captured], obs = play(planner)
+        if captured != "none":
             captures = dict(planner._captures)
-            kind = {"cuda_graph": "step", "search_graph": "search"}[decode]
+            kind = {"step": "captured step", "search": "search"}[cuda_graph]
             assert captures and {key[0] for key in captures} == {kind}
-            graphs = {key: capture for key, capture in captures.items()}
             planner.plan(obs)  # replays: nothing captured again
-            assert dict(planner._captures) == graphs
-            calls = [c if isinstance(c, CapturedCall) else c.call for c in graphs.values()]
+            assert dict(planner._captures) == captures
+            calls = [c if isinstance(c, CapturedCall) else c.call for c in captures.values()]
             assert all(call.graph is not None for call in calls)
     # The same kernels on the same draws: equal bit for bit.
-    assert_same_plan(plans[decode], plans["eager"])
+    assert_same_plan(plans[cuda_graph], plans["none"])
 
 
 @cuda_only
-@pytest.mark.parametrize("decode", ["eager", "cuda_graph", "search_graph"])
-def test_a_plan_call_never_waits_on_the_gpu(decode: str) -> None:
-    planner = BeamPlanner(tiny_model(), tiny_discretizer(), device="cuda", decode=decode, **SMALL)
+@pytest.mark.parametrize("cuda_graph", ["none", "step", "search"])
+def test_a_plan_call_never_waits_on_the_gpu(cuda_graph: str) -> None:
+    planner = BeamPlanner(
+        tiny_model(), tiny_discretizer(), device="cuda", cuda_graph=cuda_graph, **SMALL
+    )
     planner.reset(3)
     obs = run_steps(planner, 2)  # captures what it will replay
     active = np.array([True, False, True])

@@ -148,23 +148,12 @@ class BeamPlanner:
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
-        self.decode = self._decode_mode()
+        # What is captured as a CUDA graph: nothing off CUDA.
+        self.cuda_graph = self.config.cuda_graph if self.device.type == "cuda" else "none"
         # Captured or compiled decode steps and searches by shape, over `_cache`'s buffers.
         self._captures: OrderedDict[tuple, object] = OrderedDict()
         self._graph_pool = None
         self.reset(1)
-
-    def _decode_mode(self) -> str:
-        """`config.decode` resolved for this device; `cuda_graph` is refused off CUDA."""
-        decode, cuda = self.config.decode, self.device.type == "cuda"
-        if decode == "auto":
-            return "cuda_graph" if cuda else "eager"
-        if decode in ("cuda_graph", "search_graph") and not cuda:
-            raise ValueError(
-                f"planner.decode={decode} needs a CUDA device, and this planner runs on "
-                f"{self.device}; use planner.decode=auto (eager on the CPU) or run on cuda"
-            )
-        return decode
 
     def _bound(self, bound: object) -> torch.Tensor | None:
         if bound is None:
@@ -469,30 +458,27 @@ class BeamPlanner:
         return self._graph_pool
 
     def _decoder(self, cache: SharedPrefixKVCache) -> Callable:
-        """The decode step of a search over `cache` (after its prefill), by `decode`."""
-        if self.decode in ("eager", "search_graph"):  # a captured search records the eager step
-            return self.model.decoder(cache)
+        """The decode step of a search over `cache` (after its prefill): `_step`, captured as
+        a CUDA graph with `cuda_graph=step`."""
+        if self.cuda_graph != "step":
+            return self._step(cache)
         # With the rows, the number of envs is the only shape that varies between searches.
-        return self._captured(("step", cache.groups), lambda: self._new_step(cache))
+        key = ("captured step", cache.groups)
+        return self._captured(key, lambda: CapturedCall(self._step(cache), self._pool()))
 
-    def _new_step(self, cache: SharedPrefixKVCache) -> Callable:
-        static_step = self.model.static_decoder(cache)
-        if self.decode == "cuda_graph":
-            return CapturedCall(static_step, self._pool())
-        if self.device.type != "cuda":
-            return torch.compile(static_step, fullgraph=True, dynamic=False)
-        # CUDA graphs of torch.compile's own: the cache buffers it writes keep their storage,
-        # and each call's logits are read before the next call replaces them.
-        for buffers in (cache.prefix, cache.own):
-            torch._dynamo.mark_static_address(buffers.keys)
-            torch._dynamo.mark_static_address(buffers.values)
-        compiled = torch.compile(static_step, fullgraph=True, dynamic=False, mode="reduce-overhead")
-
-        def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-            torch.compiler.cudagraph_mark_step_begin()
-            return compiled(tokens, position)
-
-        return step
+    def _step(self, cache: SharedPrefixKVCache) -> Callable:
+        """The decode step as `decode` computes it, uncaptured. Where something is captured,
+        the PyTorch step with a device-held position (`static_decoder`); otherwise
+        `model.decoder`, which takes the native kernels on the CPU."""
+        if self.config.decode == "compile":
+            key = ("compiled step", cache.groups)
+            static_step = self.model.static_decoder(cache)
+            return self._captured(
+                key, lambda: torch.compile(static_step, fullgraph=True, dynamic=False)
+            )
+        if self.cuda_graph == "none":
+            return self.model.decoder(cache)
+        return self.model.static_decoder(cache)
 
     def _position(self, position: int) -> torch.Tensor:
         """Absolute `position` as a device tensor (1,): a view, no host-to-device copy."""
@@ -542,11 +528,11 @@ class BeamPlanner:
 
         The context's prefill and the random numbers come first; the planned transitions
         (`_plan_transitions`) then have fixed shapes and call no generator, so with
-        `decode=search_graph` they are one CUDA graph per (envs, context length)."""
+        `cuda_graph=search` they are one CUDA graph per (envs, context length)."""
         G, context_length = context.shape
         # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
         logits = self.model.prefill(context, cache)[:, -1]  # (G, N): each env's first action
-        if self.decode == "search_graph":
+        if self.cuda_graph == "search":
             search = self._captured(
                 ("search", G, context_length), lambda: self._new_search(cache, G)
             )
@@ -568,7 +554,7 @@ class BeamPlanner:
         """`_plan_transitions` over `cache` for `groups` envs, captured as one CUDA graph, with
         the noise buffer it reads."""
         noise = self._new_noise(groups, cache.device)
-        decode = self.model.static_decoder(cache)
+        decode = self._step(cache)
 
         def plan_transitions(context: torch.Tensor, logits: torch.Tensor):
             return self._plan_transitions(context, logits, noise, cache, decode)

@@ -62,14 +62,16 @@ class PlannerConfig:
     critic: str | None = None
     """Path of the critic.pt (tt-train-critic) that `value=critic` scores with; it must have
     been trained on the model's dataset."""
-    decode: str = "auto"
-    """How the model decodes each planned token. `eager`: step by step as written (on the CPU
-    the native kernels where they build, else PyTorch); `cuda_graph`: the PyTorch step captured
-    once per number of planned envs as a CUDA graph and replayed (CUDA only); `search_graph`:
-    the whole search after the context's prefill (decode steps, sampling, scoring, selection)
-    captured once per number of planned envs and history length (CUDA only); `compile`:
-    `torch.compile` of the PyTorch step (with `mode="reduce-overhead"`, CUDA graphs of its own,
-    on CUDA); `auto`: `cuda_graph` on CUDA, `eager` elsewhere. All of them plan the same."""
+    decode: str = "eager"
+    """How the model computes each planned token: `eager`, operator by operator as written (on
+    the CPU the native kernels where they build, else PyTorch); or `compile`, the PyTorch step
+    through `torch.compile` (fused kernels; tens of seconds to compile once per shape). Both
+    plan the same, up to float rounding."""
+    cuda_graph: str = "step"
+    """On CUDA, what is captured once as a CUDA graph and replayed: `none`; `step`, the decode
+    step, per number of planned envs; or `search`, the whole search after the context's prefill
+    (decode steps, sampling, scoring, beam selection), per number of planned envs and history
+    length. Nothing is captured on the CPU. All plan the same."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or
@@ -78,13 +80,8 @@ class PlannerConfig:
     TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
     VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic")
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
-    DECODES: typing.ClassVar[tuple[str, ...]] = (
-        "auto",
-        "eager",
-        "cuda_graph",
-        "search_graph",
-        "compile",
-    )
+    DECODES: typing.ClassVar[tuple[str, ...]] = ("eager", "compile")
+    CUDA_GRAPHS: typing.ClassVar[tuple[str, ...]] = ("none", "step", "search")
 
     def __post_init__(self) -> None:
         for name in ("reward_token", "value_token"):
@@ -121,8 +118,10 @@ class PlannerConfig:
         if self.value not in self.VALUES:
             raise ValueError(f"planner.value must be model or critic, got {self.value!r}")
         if self.decode not in self.DECODES:
+            raise ValueError(f"planner.decode must be eager or compile, got {self.decode!r}")
+        if self.cuda_graph not in self.CUDA_GRAPHS:
             raise ValueError(
-                f"planner.decode must be one of {', '.join(self.DECODES)}, got {self.decode!r}"
+                f"planner.cuda_graph must be none, step or search, got {self.cuda_graph!r}"
             )
         if self.agent not in self.AGENTS:
             raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")

@@ -29,6 +29,43 @@ def test_decode_settings_are_checked_and_nothing_is_captured_on_the_cpu() -> Non
     assert not planner._captures
 
 
+class ReplayedEagerly:
+    """A stand-in for `CapturedCall` off CUDA: keeps its first inputs' buffers, as a graph
+    does, and "replays" by calling the function again on them."""
+
+    def __init__(self, fn, pool=None) -> None:
+        self.fn, self.inputs, self.graph = fn, None, "captured"
+
+    def __call__(self, *inputs):
+        if self.inputs is None:
+            self.inputs = [x.clone() for x in inputs]
+        for static, given in zip(self.inputs, inputs, strict=True):
+            static.copy_(given)
+        return self.fn(*self.inputs)
+
+
+def test_a_captured_search_is_wired_as_the_search_it_replays(monkeypatch) -> None:
+    """Off CUDA the capture itself cannot run; what surrounds it can: one capture per envs and
+    history length, the noise redrawn into the buffer it reads at every call, the outputs
+    handed back as a search's."""
+    import trajectory_transformer.planning.beam as beam
+
+    plans = {}
+    for path in ("none", "search"):
+        planner = BeamPlanner(tiny_model(), tiny_discretizer(), seed=5, **SMALL)
+        if path == "search":
+            monkeypatch.setattr(beam, "CapturedCall", ReplayedEagerly)
+            planner.cuda_graph = "search"
+            monkeypatch.setattr(planner, "_pool", lambda: None)
+        plans[path], obs = play(planner)
+        if path == "search":
+            keys = set(planner._captures)
+            assert {key[0] for key in keys} == {"search"} and len(keys) > 1  # mixed histories
+            planner.plan(obs)
+            assert set(planner._captures) == keys
+    assert_same_plan(plans["search"], plans["none"])
+
+
 def play(planner: BeamPlanner, envs: int = 3):
     """A few steps with an episode ending (so that groups of other history lengths and sizes
     are planned), then the plan of the next observation."""

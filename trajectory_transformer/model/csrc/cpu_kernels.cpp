@@ -32,8 +32,22 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <vector>
+
+// A check whose message carries numbers: formatted here with snprintf and handed to torch as a
+// plain C string. On one machine (PyTorch 2.11 with its kernels built by GCC 13.3), a failed
+// TORCH_CHECK whose message c10::str formatted from numbers crashed the process instead of
+// raising, while one with a fixed message raised.
+#define TT_CHECK(cond, ...)                                         \
+  do {                                                              \
+    if (!(cond)) {                                                  \
+      char tt_message_[256];                                        \
+      std::snprintf(tt_message_, sizeof(tt_message_), __VA_ARGS__); \
+      TORCH_CHECK(false, static_cast<const char*>(tt_message_));    \
+    }                                                               \
+  } while (0)
 
 namespace {
 
@@ -233,9 +247,11 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
   TORCH_CHECK(prefix_v.sizes() == prefix_k.sizes() && own_v.sizes() == own_k.sizes(),
               "keys and values differ in shape");
   const int64_t rows = qkv.size(0), heads = own_k.size(1), hs = own_k.size(3);
-  TORCH_CHECK(qkv.size(1) == 3 * heads * hs, "qkv has ", qkv.size(1), " columns, not 3 x ",
-              heads, " x ", hs);
-  TORCH_CHECK(hs <= kMaxHeadSize, "head size ", hs, " exceeds ", kMaxHeadSize);
+  TT_CHECK(qkv.size(1) == 3 * heads * hs, "qkv has %lld columns, not 3 x %lld x %lld",
+           static_cast<long long>(qkv.size(1)), static_cast<long long>(heads),
+           static_cast<long long>(hs));
+  TT_CHECK(hs <= kMaxHeadSize, "head size %lld exceeds %lld", static_cast<long long>(hs),
+           static_cast<long long>(kMaxHeadSize));
   TORCH_CHECK(prefix_k.size(1) == heads && prefix_k.size(3) == hs, "prefix shape mismatch");
   TORCH_CHECK(rows <= own_k.size(0), "more rows than the cache holds");
   TORCH_CHECK(group_of_row.device().is_cpu() && group_of_row.scalar_type() == torch::kInt64 &&
@@ -244,11 +260,13 @@ torch::Tensor decode_attention(const torch::Tensor& qkv, const torch::Tensor& pr
               "group_of_row must be a contiguous int64 CPU tensor with a group for every row");
   const int64_t* group = group_of_row.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK(group[r] >= 0 && group[r] < prefix_k.size(0), "row ", r, " names prefix row ",
-                group[r], ", outside the cache's ", prefix_k.size(0));
+    TT_CHECK(group[r] >= 0 && group[r] < prefix_k.size(0),
+             "row %lld names prefix row %lld, outside the cache's %lld", static_cast<long long>(r),
+             static_cast<long long>(group[r]), static_cast<long long>(prefix_k.size(0)));
   }
   TORCH_CHECK(prefix_len >= 1 && prefix_len <= prefix_k.size(2), "bad prefix length");
-  TORCH_CHECK(t >= 0 && t < own_k.size(2), "position ", t, " outside the cache");
+  TT_CHECK(t >= 0 && t < own_k.size(2), "position %lld outside the cache",
+           static_cast<long long>(t));
   TORCH_CHECK(transition_dim >= 1, "bad transition_dim");
   auto out = torch::empty({rows, heads * hs}, qkv.options());
   const auto run = [&](auto kernel) {
@@ -382,8 +400,8 @@ class Decoder {
         ln_f_bias_(std::move(ln_f_bias)), ln_f_eps_(ln_f_eps),
         head_weight_(std::move(head_weight)), head_bias_(std::move(head_bias)),
         T_(transition_dim), n_bins_(head_bias_.size(1)) {
-    TORCH_CHECK(layers_.size() % kPerLayer == 0 && eps_.size() == 2 * layers_.size() / kPerLayer,
-                "Decoder: ", kPerLayer, " tensors and 2 eps per layer");
+    TT_CHECK(layers_.size() % kPerLayer == 0 && eps_.size() == 2 * layers_.size() / kPerLayer,
+             "Decoder: %lld tensors and 2 eps per layer", static_cast<long long>(kPerLayer));
   }
 
   // Logits (R, N) of one new token per row at absolute `position`, whose keys and values go to

@@ -49,10 +49,10 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bf16", action="store_true", help="plan under bfloat16 autocast (CUDA)")
 
 
-def planning_precision(args: argparse.Namespace, device: torch.device):
-    """The context to plan in: bfloat16 autocast with `--bf16`, else float32 as it is. The
-    autocast keeps no cache of cast weights, which a CUDA graph capture would not allow."""
-    if not args.bf16:
+def planning_precision(bf16: bool, device: torch.device):
+    """The context to plan in: bfloat16 autocast with `bf16` (`--bf16`), else float32 as it is.
+    The autocast keeps no cache of cast weights, which a CUDA graph capture would not allow."""
+    if not bf16:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
 

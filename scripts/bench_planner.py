@@ -86,6 +86,18 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def planner_with_history(
+    model: TrajectoryGPT, discretizer: Discretizer, settings: dict, history: torch.Tensor
+) -> BeamPlanner:
+    """A planner over `model` with `settings`, each of its envs given its row of `history`
+    (envs, context transitions, T) as its past real transitions."""
+    planner = BeamPlanner(model, discretizer, **settings)
+    planner.reset(history.shape[0])
+    for env, transitions in enumerate(history):
+        planner.set_history(env, transitions)
+    return planner
+
+
 def plan_flops(model: GPTConfig, planner: PlannerConfig, envs: int) -> int:
     """Matmul FLOPs of one cached plan call with a full context (2 per multiply-add).
 
@@ -164,14 +176,11 @@ def main() -> None:
     T = gpt.transition_dim
     data = np.random.default_rng(args.seed).normal(size=(2000, T))
     discretizer = Discretizer.fit(data, n_bins=args.bins).to(device)
-    planner = BeamPlanner(model, discretizer, device=device, **search_settings(args))
-    planner.reset(args.envs)
     # A full history of random real transitions for every env (what a running rollout has).
     generator = torch.Generator().manual_seed(args.seed)
     shape = (args.envs, args.context, model.config.transition_dim)
     history = torch.randint(0, args.bins, shape, generator=generator)
-    for env in range(args.envs):
-        planner.set_history(env, history[env])
+    planner = planner_with_history(model, discretizer, search_settings(args), history)
     observations = torch.randn(args.envs, args.obs, generator=generator)
     if args.compare_decodes:
         compare_decodes(args, model, discretizer, history, observations.to(device))
@@ -322,12 +331,8 @@ def compare_decodes(
         path, _, precision = name.partition("+")
         decode, _, cuda_graph = path.partition("/")
         settings = search_settings(args) | {"decode": decode, "cuda_graph": cuda_graph or "none"}
-        planner = BeamPlanner(model, discretizer, device=device, **settings)
-        planner.reset(args.envs)
-        for env in range(args.envs):
-            planner.set_history(env, history[env])
-        planners[name] = planner
-        precisions[name] = planning_precision(argparse.Namespace(bf16=precision == "bf16"), device)
+        planners[name] = planner_with_history(model, discretizer, settings, history)
+        precisions[name] = planning_precision(precision == "bf16", device)
 
     def timed(name: str):
         planner = planners[name]

@@ -164,7 +164,7 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
         # Warm-up: builds or loads the native kernels, prepares the weights, sizes the cache.
         observations, _ = env.reset(seed=args.seed)
         planner.reset(envs)
-        with planning_precision(args, device):
+        with planning_precision(args.bf16, device):
             planner.plan(observations)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

@@ -6,10 +6,12 @@
 #      the whole search captured as a CUDA graph; bf16);
 #   3. HalfCheetah-v5, 25 envs x 1000 steps, the paper's model and search (the headline);
 #   4. the whole test suite;
-#   5. the decode paths at 1000 envs, and the env-count scaling table.
+#   5. the decode paths at 1000 envs, and the env-count scaling table;
+#   6. where the time of one plan call goes: kernels launched and their device time, per path.
 # Each step has a time limit, writes its log to OUTDIR and prints its tail, so a run that is
 # cut short still leaves every step that finished.
 #     PYTHON=.venv/bin/python scripts/bench_gpu.sh OUTDIR [--deselect TEST ...]
+# STEPS="tests-cuda rollout-25x1000" runs only the steps named.
 set -u
 out=${1:?usage: scripts/bench_gpu.sh OUTDIR [pytest arguments for the whole suite]}
 shift
@@ -24,6 +26,7 @@ if "$python" -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
 step() {  # name, time limit in seconds, command...
     local name=$1 limit=$2 start=$SECONDS
     shift 2
+    if [[ -n ${STEPS:-} && " $STEPS " != *" $name "* ]]; then return; fi
     echo "== $name"
     timeout "$limit" "$@" >"$out/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s"
@@ -39,7 +42,7 @@ step tests-cuda 100 "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" -
 step decode-25-envs 120 "$python" scripts/bench_planner.py --device cuda \
     --envs 25 --reps 20 --warmup 3 --greedy \
     --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search,eager/step+bf16
-step rollout-25x1000 90 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
+step rollout-25x1000 120 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
     --decode compile --cuda-graph search
 # -v names each test as it ends, so a run cut short still says what failed.
 TAIL=40 step tests-all 170 "$python" -m pytest -v -rf -p no:cacheprovider "${workers[@]}" -k "not video" \
@@ -48,3 +51,7 @@ step decode-1000-envs 75 "$python" scripts/bench_planner.py --device cuda --envs
     --warmup 1 --greedy --compare-decodes eager/none,eager/step,compile/search
 step rollout-scaling 90 "$python" scripts/bench_rollout.py --device cuda \
     --envs 1,25,100,250,1000 --steps 50 --decode compile --cuda-graph search
+for path in eager/none compile/none eager/search; do
+    TAIL=30 step "profile-${path/\//-}" 45 "$python" scripts/bench_planner.py --device cuda \
+        --envs 25 --warmup 2 --greedy --decode "${path%/*}" --cuda-graph "${path#*/}" --profile 20
+done

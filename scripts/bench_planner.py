@@ -77,6 +77,13 @@ def parse_args() -> argparse.Namespace:
         help="count the ATen operators of one plan call, inside the decode steps and around them",
     )
     parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile one plan call (after the warm-up) and print its N costliest kernels",
+    )
+    parser.add_argument(
         "--compare-decodes",
         default=None,
         help="alternate plan calls of these decode paths (planner.decode/planner.cuda_graph) "
@@ -187,6 +194,9 @@ def main() -> None:
         return
     if args.count_operators:
         count_operators(planner, observations)
+        return
+    if args.profile:
+        profile_plan(planner, observations.to(device), args.warmup, args.profile)
         return
 
     if args.naive:
@@ -313,6 +323,49 @@ def count_operators(planner: BeamPlanner, observations: torch.Tensor) -> None:
         + ", ".join(f"{name} {count}" for name, count in around.most_common(8))
     )
     print(json.dumps({"envs": planner.num_envs, "operators": n_total, "in_decode": n_inside}))
+
+
+def profile_plan(planner: BeamPlanner, observations: torch.Tensor, warmup: int, top: int) -> None:
+    """One plan call under the PyTorch profiler, after `warmup` calls (captures and compiles
+    happen there): how many kernels it launched, their summed device time against the call's
+    wall time (a call launch-bound on a GPU spends far longer than its kernels), and the `top`
+    costliest operators by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = observations.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    for _ in range(max(warmup, 1)):
+        planner.plan(observations)
+    if cuda:
+        torch.cuda.synchronize(observations.device)
+    with profile(activities=activities) as profiler:
+        start = time.perf_counter()
+        planner.plan(observations)
+        if cuda:
+            torch.cuda.synchronize(observations.device)
+        wall = time.perf_counter() - start
+    events = profiler.events()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernel_ms = sum(e.device_time for e in kernels) / 1e3
+    sort_by = "device_time_total" if cuda else "cpu_time_total"
+    print(profiler.key_averages().table(sort_by=sort_by, row_limit=top, max_name_column_width=60))
+    c = planner.config
+    print(
+        f"{planner.num_envs} env(s), {c.decode}/{planner.cuda_graph}: {1e3 * wall:.1f} ms per "
+        f"plan call under the profiler, {len(kernels)} kernels taking {kernel_ms:.1f} ms of "
+        "device time"
+    )
+    print(
+        json.dumps(
+            {
+                "envs": planner.num_envs,
+                "decode": f"{c.decode}/{planner.cuda_graph}",
+                "ms_per_plan_profiled": round(1e3 * wall, 2),
+                "kernels": len(kernels),
+                "kernel_ms": round(kernel_ms, 2),
+            }
+        )
+    )
 
 
 def compare_decodes(

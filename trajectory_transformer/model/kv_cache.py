@@ -242,12 +242,18 @@ def shared_prefix_attention(
     prefix_scores = rearrange(
         grouped @ prefix_k.transpose(-1, -2), "g h (x m s) p -> x g m h s p", m=M, s=S
     )
-    own_scores = rearrange(q @ own_k.transpose(-1, -2), "(x g m) h s l -> x g m h s l", g=G, m=M)
+    # Compiled, a row's products with its own keys are written as a product and a sum, which
+    # fuse into one pass over the keys; as matmuls they are thousands of tiny matrix-vector
+    # products, a poor fit for the GPU's libraries. Eager keeps the matmuls (no temporary).
+    fused = torch.compiler.is_compiling()
+    own_scores = (q[..., None, :] * own_k[:, :, None]).sum(-1) if fused else q @ own_k.mT
+    own_scores = rearrange(own_scores, "(x g m) h s l -> x g m h s l", g=G, m=M)
     scores = torch.cat([prefix_scores, own_scores], dim=-1)  # (X, G, M, nh, S, P + L)
     probs = torch.add(bias, scores, alpha=hs**-0.5).softmax(dim=-1)
     prefix_probs = rearrange(probs[..., :P], "x g m h s p -> g h (x m s) p")
     y_prefix = rearrange(prefix_probs @ prefix_v, "g h (x m s) d -> x g m h s d", m=M, s=S)
-    y_own = rearrange(probs[..., P:], "x g m h s l -> (x g m) h s l") @ own_v  # (R, nh, S, hs)
+    own_probs = rearrange(probs[..., P:], "x g m h s l -> (x g m) h s l")
+    y_own = (own_probs[..., None] * own_v[:, :, None]).sum(-2) if fused else own_probs @ own_v
     y_own = rearrange(y_own, "(x g m) h s d -> x g m h s d", g=G, m=M)
     return rearrange(y_own + y_prefix, "x g m h s d -> (x g m) h s d")
 
@@ -302,6 +308,10 @@ class SharedPrefixKVCache:
             self._bias = bias.masked_fill_(~F.pad(mask, (0, own_len)), float("-inf"))
         self._prefix_slots = torch.arange(prefix_len, device=device)  # (prefix_len,)
         self._own_slots = torch.arange(own_len, device=device)  # (own_len,)
+        # Index tensors of a decode step's writes: (layer, row, head) broadcast to (R, nh).
+        self._layer_index = torch.arange(n_layer, device=device)[:, None]
+        self._row_index = torch.arange(rows, device=device)[:, None]
+        self._head_index = torch.arange(n_head, device=device)[None]
         self._group_of_row: torch.Tensor | None = None
 
     @property
@@ -388,9 +398,13 @@ class SharedPrefixKVCache:
         rows, groups = q.shape[0], self.groups
         self.layout.copies(rows)  # raises unless whole copies: shapes only, no sync
         own_k, own_v = self.own.keys[layer, :rows], self.own.values[layer, :rows]
-        own = position - self.prefix_end  # (1,)
-        own_k.index_copy_(2, own, k.to(own_k.dtype))  # (R, nh, own_len, hs); autocast's k
-        own_v.index_copy_(2, own, v.to(own_v.dtype))
+        # Written by index into the whole buffers, not through views of them: compiled, a
+        # write through a view becomes a copy of the whole cache at every step.
+        own = (position - self.prefix_end)[:, None]  # (1, 1)
+        layer_index = self._layer_index[layer : layer + 1]  # (1, 1)
+        where = (layer_index, self._row_index[:rows], self._head_index, own)  # -> (R, nh)
+        self.own.keys.index_put_(where, k[:, :, 0].to(own_k.dtype))  # autocast's k: (R, nh, hs)
+        self.own.values.index_put_(where, v[:, :, 0].to(own_v.dtype))
         row = self._bias.index_select(0, position)  # (1, block): this query's mask row
         prefix_bias = row[:, : self._prefix_slots.shape[0]].masked_fill(
             self._prefix_slots >= self.prefix_end, float("-inf")

@@ -42,16 +42,16 @@ step tests-cuda 100 "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" -
 step decode-25-envs 120 "$python" scripts/bench_planner.py --device cuda \
     --envs 25 --reps 20 --warmup 3 --greedy \
     --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search,compile/search+bf16
-step rollout-25x1000 120 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
+step rollout-25x1000 150 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
     --decode compile --cuda-graph search
 # -v names each test as it ends, so a run cut short still says what failed.
 TAIL=40 step tests-all 170 "$python" -m pytest -v -rf -p no:cacheprovider "${workers[@]}" -k "not video" \
     --ignore=tests/test_notebooks.py --ignore=tests/test_install.py "$@"
 step decode-1000-envs 75 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 3 \
     --warmup 1 --greedy --compare-decodes eager/none,eager/step,compile/search
-step rollout-scaling 120 "$python" scripts/bench_rollout.py --device cuda \
-    --envs 1,25,100,250,1000 --steps 20 --decode compile --cuda-graph search
-for path in eager/none compile/none eager/search; do
+step rollout-scaling 420 "$python" scripts/bench_rollout.py --device cuda \
+    --envs 1,25,100,250,1000 --steps 50 --decode compile --cuda-graph search
+for path in eager/none eager/search compile/search; do
     TAIL=30 step "profile-${path/\//-}" 45 "$python" scripts/bench_planner.py --device cuda \
         --envs 25 --warmup 2 --greedy --decode "${path%/*}" --cuda-graph "${path#*/}" --profile 20
 done

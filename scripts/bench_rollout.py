@@ -7,7 +7,10 @@
 
 Each setting plays one episode per env, cut at `--steps` env-steps by the env's time limit,
 through the library's evaluation loop (`evaluation.evaluate` with a `BeamPlanner`, as tt-eval
-runs it), after one untimed plan call. Without `--checkpoint` the model has the paper's
+runs it), after one untimed plan call, and on CUDA after `--warmup-steps` (context + 1)
+untimed steps in envs of their own: a captured search is captured once per number of envs and
+history length, and this plays every history length once first (the time it took is
+`warmup_s`). Without `--checkpoint` the model has the paper's
 HalfCheetah shape (4 layers, 4 heads, 128 wide, a window of 10 transitions, 100 bins) with
 random weights, and its discretizer is fitted to a short rollout of uniformly random actions
 in the env (rewards, and reward-to-go values with discount 0.99), so that the planned tokens
@@ -31,6 +34,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 
 import trajectory_transformer  # noqa: F401  first: sets the OpenMP wait policy before torch loads
 
@@ -78,6 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-native", action="store_true", help="plan without the CPU kernels")
     parser.add_argument(
         "--same-process", action="store_true", help="run every env count in this process"
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="untimed env-steps per env played first (default: on CUDA context + 1, so that "
+        "the search is captured at every history length before the timing; else none)",
     )
     return parser.parse_args(argv)
 
@@ -153,22 +164,34 @@ def build_planner(args: argparse.Namespace, device: torch.device) -> BeamPlanner
 
 
 def run_setting(args: argparse.Namespace, envs: int) -> dict:
-    """Play `envs` envs for `args.steps` steps each through `evaluate`, after one untimed plan."""
+    """Play `envs` envs for `args.steps` steps each through `evaluate`, after the warm-up."""
     device = torch.device(args.device)
     load = os.getloadavg()
     planner = build_planner(args, device)
     info = planner.dataset
     env_id = args.env if args.checkpoint else (args.env or DEFAULT_ENV)
+    warmup_steps = args.warmup_steps
+    if warmup_steps is None:
+        warmup_steps = args.context + 1 if device.type == "cuda" else 0
     env = make_vector_env(info, envs, env_id, max_episode_steps=args.steps)
+    warmup_start = time.perf_counter()
     try:
-        # Warm-up: builds or loads the native kernels, prepares the weights, sizes the cache.
+        # Warm-up: builds or loads the native kernels, prepares the weights, sizes the cache,
+        # compiles; and with warm-up steps, plays them in envs of their own.
         observations, _ = env.reset(seed=args.seed)
         planner.reset(envs)
         with planning_precision(args.bf16, device):
             planner.plan(observations)
+            if warmup_steps:
+                warmup_env = make_vector_env(info, envs, env_id, max_episode_steps=warmup_steps)
+                try:
+                    evaluate(planner, warmup_env, episodes=envs, seed=args.seed, progress=False)
+                finally:
+                    warmup_env.close()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
+            warmup_seconds = time.perf_counter() - warmup_start
             result = evaluate(planner, env, episodes=envs, seed=args.seed, progress=False)
     finally:
         env.close()
@@ -183,6 +206,8 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
             1e3 * (result.wall_seconds - result.planning_seconds) / steps, 3
         ),
         "wall_s": round(result.wall_seconds, 2),
+        "warmup_steps": warmup_steps,
+        "warmup_s": round(warmup_seconds, 2),
         "peak_rss_mib": round(peak_rss_mib(), 1),
         "device": str(device),
         "threads": torch.get_num_threads(),

@@ -49,8 +49,9 @@ TAIL=40 step tests-all 170 "$python" -m pytest -v -rf -p no:cacheprovider "${wor
     --ignore=tests/test_notebooks.py --ignore=tests/test_install.py "$@"
 step decode-1000-envs 75 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 3 \
     --warmup 1 --greedy --compare-decodes eager/none,eager/step,compile/search
-step rollout-scaling 420 "$python" scripts/bench_rollout.py --device cuda \
-    --envs 1,25,100,250,1000 --steps 50 --decode compile --cuda-graph search
+# One process: the compiler's caches carry over from one env count to the next.
+step rollout-scaling 240 "$python" scripts/bench_rollout.py --device cuda --same-process \
+    --envs 1,25,100,250,1000 --steps 30 --decode compile --cuda-graph search
 for path in eager/none eager/search compile/search; do
     TAIL=30 step "profile-${path/\//-}" 45 "$python" scripts/bench_planner.py --device cuda \
         --envs 25 --warmup 2 --greedy --decode "${path%/*}" --cuda-graph "${path#*/}" --profile 20

@@ -14,7 +14,9 @@ from trajectory_transformer.planning import BeamPlanner
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["greedy", "sampled"])
-def test_a_search_compiles_its_decode_step_once(deterministic: bool, monkeypatch) -> None:
+def test_a_search_compiles_its_decode_step_once_per_number_of_rows(
+    deterministic: bool, monkeypatch
+) -> None:
     # aot_eager traces as inductor does (dynamo, then functionalised ATen graphs) without
     # generating code, which would take most of a minute on two cores.
     model, disc = tiny_model(), tiny_discretizer()
@@ -31,19 +33,24 @@ def test_a_search_compiles_its_decode_step_once(deterministic: bool, monkeypatch
     for compile in (False, True):
         planner = BeamPlanner(model, disc, deterministic=deterministic, seed=3, **SMALL)
         planner.reset(2)
-        with native_kernels(False), torch._dynamo.config.patch(error_on_recompile=True):
+        with native_kernels(False):
             obs = run_steps(planner, 3)
             if compile:
                 torch._dynamo.reset()
                 torch._dynamo.utils.counters.clear()
                 monkeypatch.setattr(model, "decoder", compiled_decoder)
             plans[compile] = planner.plan(obs)
-    assert len(compiled) == 1  # one group of envs, one search
-    # Every position of the search ran one graph (a recompile would have raised above), and
+            if compile:
+                # Every position of a search ran one of two graphs: all the candidates' rows,
+                # and the beams' rows that decode observations. A second search traces none.
+                counters = torch._dynamo.utils.counters
+                assert counters["stats"]["unique_graphs"] == 2
+                assert counters["aot_autograd"]["total"] == 2
+                with torch._dynamo.config.patch(error_on_recompile=True):
+                    planner.plan(obs)
+    assert len(compiled) == 2  # one group of envs, two searches
     # fullgraph=True leaves no room for a graph break.
-    counters = torch._dynamo.utils.counters
-    assert counters["stats"]["unique_graphs"] == 1 and counters["aot_autograd"]["total"] == 1
-    assert not counters["graph_break"]
+    assert not torch._dynamo.utils.counters["graph_break"]
     assert_same_plan(plans[True], plans[False])
     assert np.prod(plans[True].tokens.shape) > 0
 
@@ -79,3 +86,28 @@ def test_the_compiled_step_writes_the_cache_in_place() -> None:
     rebuilt = {torch.ops.aten.select_scatter.default, torch.ops.aten.slice_scatter.default}
     assert graphs and not ops & rebuilt
     assert torch.ops.aten.index_put.default in ops
+
+
+def test_a_compiled_planner_plans_more_numbers_of_envs_than_dynamos_default_limit(
+    monkeypatch,
+) -> None:
+    """Two graphs per number of planned envs: a continuous-batching tail that plans 5, 4, 3,
+    2 and 1 envs needs ten, past the 8 that dynamo allows a function by default, where
+    fullgraph=True fails instead of falling back."""
+    compile = torch.compile
+
+    def traced_only(fn, **kwargs):
+        return compile(fn, **kwargs, backend="eager")  # traced, run as traced
+
+    monkeypatch.setattr(torch, "compile", traced_only)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    planner = BeamPlanner(tiny_model(), tiny_discretizer(), decode="compile", seed=1, **SMALL)
+    planner.reset(5)
+    obs = run_steps(planner, 1)
+    for envs in range(5, 0, -1):
+        active = np.arange(5) < envs
+        plan = planner.plan(obs, active=active)
+        assert not plan.tokens[~active].any()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 10

@@ -344,9 +344,8 @@ class TrajectoryGPT(nn.Module):
         A planner makes a hundred dependent decode steps per search, so what can be looked up
         once (parameters, cache buffers, which path applies) is looked up here. The position
         is an int (checked against the cache) or a device tensor (1,) (not checked: that would
-        sync). The PyTorch step (`static_decoder`) wants the same rows at every position, so
-        that one compiled graph serves a whole search; a step with `rows_may_vary` set (the
-        native kernels) takes any rows at any position.
+        sync). Any whole copies of the cache's rows may decode at any position; the PyTorch
+        step (`static_decoder`) is compiled or captured once per number of rows.
         """
         static_step = self.static_decoder(cache)
         device = self.head_weight.device

@@ -318,7 +318,6 @@ def decoder(
         # Each block also writes this token's key and value at own position `own`.
         return bound.step(tokens, position, cache.prefix_length, own, cache.group_of_row())
 
-    step.rows_may_vary = True  # any rows at any position: nothing is compiled for one shape
     return step
 
 

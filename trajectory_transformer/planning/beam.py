@@ -438,8 +438,8 @@ class BeamPlanner:
 
     MAX_CAPTURES = 8
     """Decode steps or searches kept captured or compiled per planner, one per shape (the
-    number of planned envs, and for a search their history length; a continuous-batching tail
-    plans fewer and fewer envs); the least recently used goes first."""
+    number of planned envs; for a step also its rows, for a search their history length; a
+    continuous-batching tail plans fewer and fewer envs); the least recently used goes first."""
 
     def _captured(self, key: tuple, build: Callable[[], object]) -> object:
         """The capture (or compilation) of shape `key`, built on first use."""
@@ -460,17 +460,28 @@ class BeamPlanner:
     def _decoder(self, cache: SharedPrefixKVCache) -> Callable:
         """The decode step of a search over `cache` (after its prefill): `_step`, captured as
         a CUDA graph with `cuda_graph=step`."""
+        step = self._step(cache)
         if self.cuda_graph != "step":
-            return self._step(cache)
-        # With the rows, the number of envs is the only shape that varies between searches.
-        key = ("captured step", cache.groups)
-        return self._captured(key, lambda: CapturedCall(self._step(cache), self._pool()))
+            return step
+
+        def captured_step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+            # One capture per number of envs and of rows: a search decodes observations on
+            # its beams' rows, everything else on all its candidates'.
+            key = ("captured step", cache.groups, tokens.shape[0])
+            return self._captured(key, lambda: CapturedCall(step, self._pool()))(tokens, position)
+
+        return captured_step
 
     def _step(self, cache: SharedPrefixKVCache) -> Callable:
         """The decode step as `decode` computes it, uncaptured. Where something is captured,
         the PyTorch step with a device-held position (`static_decoder`); otherwise
         `model.decoder`, which takes the native kernels on the CPU."""
         if self.config.decode == "compile":
+            # Dynamo keeps a graph per shape of the step, two per number of planned envs, and
+            # with fullgraph=True fails past its limit per function (8): a continuous-batching
+            # tail plans more numbers of envs than that. Only its overall limit applies here.
+            dynamo = torch._dynamo.config
+            dynamo.recompile_limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
             key = ("compiled step", cache.groups)
             static_step = self.model.static_decoder(cache)
             return self._captured(
@@ -586,10 +597,9 @@ class BeamPlanner:
         layout = cache.layout
         n_beams = layout.per_copy  # G * B rows hold the beams (expansion copy 0)
         n_candidates = n_beams * X  # every beam's X expansion copies
-        # Rows that decode observations. The native CPU step takes any rows, so only the beams
-        # do and their copies are refilled after; the PyTorch step keeps one shape for the
-        # whole search (one compiled graph), so every copy decodes what its beam does.
-        obs_rows = n_beams if getattr(decode, "rows_may_vary", False) else n_candidates
+        # Observations are decoded on the beams' rows alone (their copies would decode the
+        # same tokens), and the copies are refilled after: half the rows for two thirds of the
+        # steps. A static step so takes two shapes per search, compiled or captured once each.
         at = self._position  # absolute position -> device tensor (1,)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
         logits = first_logits[env_of_row]  # (rows, N)
@@ -632,26 +642,23 @@ class BeamPlanner:
                 break
             beams.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
             # Only the planned positions move: the context is shared.
-            parent = layout.repeat(chosen, obs_rows // n_beams)  # (obs_rows,)
-            cache.reorder_(parent, position + VALUE, start=context_length)
+            cache.reorder_(chosen, position + VALUE, start=context_length)
 
             # Next observation: decode the value token, then sample the O observation tokens
             # of transition h + 1, one draw per beam that its copies share.
-            value_tokens = beams.tokens[:obs_rows, column + VALUE].contiguous()
+            value_tokens = beams.tokens[:n_beams, column + VALUE].contiguous()
             logits = decode(value_tokens, at(position + VALUE))
             next_column = column + T
             for i in range(obs_dim):
-                token = self._sample(logits[:n_beams], "obs", noise.rows("obs", i, h))  # (beams,)
+                token = self._sample(logits, "obs", noise.rows("obs", i, h))  # (beams,)
                 beams.tokens[:, next_column + i] = layout.repeat(token, X)
-                logits = decode(layout.repeat(token, obs_rows // n_beams), at(position + T + i))
+                logits = decode(token, at(position + T + i))  # (beams, N)
 
-            # Refill: where only the beams decoded, the other copies continue them from here.
-            # Either way every copy starts from its beam's very logits, so that copies which
-            # then draw the same tokens tie exactly, whatever rounding their rows got.
-            if obs_rows < n_candidates:
-                written = plan_start + next_column + obs_dim  # positions decoded so far
-                cache.repeat_rows_(n_beams, X, written, start=context_length)
-            logits = layout.repeat(logits[:n_beams], X)  # (rows, N)
+            # Refill: the other copies continue their beams from here, from the very same keys
+            # and logits, so that copies which then draw the same tokens tie exactly.
+            written = plan_start + next_column + obs_dim  # positions decoded so far
+            cache.repeat_rows_(n_beams, X, written, start=context_length)
+            logits = layout.repeat(logits, X)  # (rows, N)
 
         return (
             beams.tokens[:n_beams].view(G, B, H, T),

@@ -97,7 +97,8 @@ def setting_of(settings: dict, override: str) -> bool:
 
 def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> dict:
     """The evaluation's results.json; one already on disk with the same episodes and
-    overrides is reused."""
+    overrides is reused, one with others replaced. An evaluation interrupted before its
+    results.json continues (tt-eval keeps its finished episodes in the run directory)."""
     run_dir = checkpoint.parent / f"eval_{planner}"
     results = run_dir / "results.json"
     if results.exists():
@@ -105,6 +106,7 @@ def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]
         settings = summary["settings"]
         if len(summary["returns"]) == episodes and all(setting_of(settings, o) for o in overrides):
             return summary
+        (run_dir / "episodes.jsonl").unlink(missing_ok=True)  # another evaluation: start over
     bin_dir = Path(sys.executable).parent
     run(
         [

@@ -237,3 +237,25 @@ def test_the_d4rl_table_refuses_an_env_it_does_not_cover(tmp_path, tiny_checkpoi
     assert "no row for env 'Pendulum-v1'" in result.stderr and "hopper" in result.stderr
     assert "give eval.ref_min_score and eval.ref_max_score instead" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_evaluation_continues_in_its_run_directory_and_refuses_another(
+    tmp_path, tiny_checkpoint
+):
+    """Episodes finished in a run directory are not played again (an interrupted evaluation
+    continues); an evaluation of other settings there is one clear message."""
+    run_dir = tmp_path / "eval"
+    settings = [f"checkpoint={tiny_checkpoint}", *SMALL_PLANNER]
+    first = tt_eval(*settings, "eval.episodes=2", run_dir=run_dir)
+    assert first.returncode == 0, first.stderr
+    before = json.loads((run_dir / "results.json").read_text())
+    more = tt_eval(*settings, "eval.episodes=3", run_dir=run_dir)
+    assert more.returncode == 0, more.stderr
+    assert "2 episodes done" in more.stdout and "3 episodes" in more.stdout
+    after = json.loads((run_dir / "results.json").read_text())
+    assert after["seeds"][:2] == before["seeds"] and sorted(after["seeds"]) == [0, 1, 2]
+    assert after["returns"][:2] == before["returns"]
+    other = tt_eval(*settings, "planner.horizon=1", run_dir=run_dir)
+    assert other.returncode == 2
+    assert "holds episodes of another evaluation (it differs in planner)" in other.stderr
+    assert "Traceback" not in other.stderr

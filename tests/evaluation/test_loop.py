@@ -7,6 +7,8 @@ import pytest
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.evaluation import (
     EnvMismatchError,
+    EpisodeJournal,
+    JournalMismatchError,
     check_env_matches,
     evaluate,
     make_vector_env,
@@ -181,14 +183,19 @@ def reference_episode(seed: int) -> tuple[float, int, bool]:
     return total, steps, terminated
 
 
-def check_every_episode_scored_once(result, seeds: list[int]) -> None:
+def check_every_episode_scored_once(result, seeds: list[int], steps_cut_short=False) -> None:
+    """`steps_cut_short`: the evaluation was interrupted, and the env-steps of the episodes it
+    cut, up to the last one finished before, count with the others'."""
     assert len(result.returns) == len(result.lengths) == len(seeds)
     assert sorted(result.seeds) == seeds  # each episode once, none twice, no filler env
     for seed, ret, length in zip(result.seeds, result.returns, result.lengths, strict=True):
         total, steps, _ = reference_episode(seed)
         assert length == steps, f"seed {seed}: {length} steps scored, the episode has {steps}"
         assert ret == pytest.approx(total, rel=1e-12), f"seed {seed}: {ret} against {total}"
-    assert result.env_steps == sum(result.lengths)
+    if steps_cut_short:
+        assert result.env_steps > sum(result.lengths)
+    else:
+        assert result.env_steps == sum(result.lengths)
 
 
 SEEDS = list(range(100, 107))  # 7 episodes on 3 envs
@@ -282,3 +289,89 @@ def test_an_episode_plays_alike_whatever_the_number_of_envs(tiny_checkpoint):
 
 gym.register("test/Falling-v0", entry_point=FallingEnv)
 gym.register("test/SteeredFalling-v0", entry_point=SteeredFallingEnv)
+
+
+# --- an interrupted evaluation continues from its journal ---
+
+
+class InterruptedAgent(RecordingAgent):
+    """Stops the evaluation (as Ctrl-C would) at its `stop_at`-th action."""
+
+    def __init__(self, stop_at: int):
+        super().__init__()
+        self.stop_at = stop_at
+
+    def act(self, observations, active=None):
+        if self.calls + 1 == self.stop_at:
+            raise KeyboardInterrupt
+        return super().act(observations, active)
+
+
+def test_an_interrupted_evaluation_plays_only_the_episodes_it_had_not_finished(tmp_path):
+    identity = {"checkpoint": "model.pt", "planner": {"beam_width": 4}}
+    path = tmp_path / "episodes.jsonl"
+    env = gym.vector.SyncVectorEnv([FallingEnv] * 3)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(
+            InterruptedAgent(stop_at=7),
+            env,
+            episodes=len(SEEDS),
+            seed=SEEDS[0],
+            progress=False,
+            journal=EpisodeJournal(path, identity),
+        )
+    first = EpisodeJournal(path, identity).finished
+    assert 0 < len(first) < len(SEEDS)
+
+    agent = RecordingAgent()
+    result = evaluate(
+        agent,
+        env,
+        episodes=len(SEEDS),
+        seed=SEEDS[0],
+        progress=False,
+        journal=EpisodeJournal(path, identity),
+    )
+    env.close()
+    # The recorded episodes and the new ones, each scored once on its own rewards.
+    check_every_episode_scored_once(result, SEEDS, steps_cut_short=True)
+    played = sorted(seed for _, seed in agent.starts)
+    assert played == sorted(set(SEEDS) - set(first))  # none played twice
+    assert result.seeds[: len(first)] == sorted(first)
+    assert sorted(EpisodeJournal(path, identity).finished) == SEEDS
+
+    # Once complete, the same evaluation plays nothing: its results come from the journal.
+    agent = RecordingAgent()
+    again = evaluate(
+        agent,
+        env,
+        episodes=len(SEEDS),
+        seed=SEEDS[0],
+        progress=False,
+        journal=EpisodeJournal(path, identity),
+    )
+    assert agent.calls == 0 and sorted(again.seeds) == SEEDS
+    assert again.returns == [result.returns[result.seeds.index(s)] for s in again.seeds]
+
+
+def test_a_journal_of_another_evaluation_is_refused_and_a_cut_line_is_replayed(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    journal = EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 5}})
+    for seed in (3, 4):
+        journal.append(
+            {
+                "seed": seed,
+                "return": 1.0,
+                "length": 2,
+                "planning_seconds": 0.1,
+                "env_steps": 2,
+                "wall_seconds": 0.2,
+            }
+        )
+    with pytest.raises(JournalMismatchError, match=r"differs in planner\).*hydra\.run\.dir"):
+        EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 15}})
+    with open(path, "a") as file:
+        file.write('{"seed": 5, "ret')  # a crash in the middle of a line
+    assert sorted(
+        EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 5}}).finished
+    ) == [3, 4]

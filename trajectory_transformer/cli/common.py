@@ -37,6 +37,7 @@ from trajectory_transformer.critic.training import CriticConfig
 from trajectory_transformer.data.minari_source import DatasetError
 from trajectory_transformer.data.reference_scores import ReferenceScoreError
 from trajectory_transformer.evaluation.envs import EnvMismatchError
+from trajectory_transformer.evaluation.loop import JournalMismatchError
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.suites import pendulum
@@ -274,6 +275,7 @@ def friendly_errors(task: Callable) -> Callable:
             CheckpointError,
             ConfigError,
             EnvMismatchError,
+            JournalMismatchError,
             ComparisonError,
             ReferenceScoreError,
             NonFiniteLossError,

@@ -23,6 +23,7 @@ from trajectory_transformer.cli.schemas import EvaluateConfig
 from trajectory_transformer.critic import IQLAgent
 from trajectory_transformer.data import reference_scores
 from trajectory_transformer.evaluation import (
+    EpisodeJournal,
     EpisodeRecord,
     check_env_matches,
     evaluate,
@@ -52,6 +53,10 @@ def run(cfg: EvaluateConfig) -> dict:
     )
     if warning:
         print(warning, file=sys.stderr)
+    # Episodes this run directory has finished already (an interrupted evaluation) are kept.
+    journal = EpisodeJournal(run_dir / "episodes.jsonl", evaluation_identity(cfg, planner))
+    if journal.finished:
+        print(f"continuing the evaluation in {run_dir}: {len(journal.finished)} episodes done")
     episodes = cfg.eval.episodes
     env = make_vector_env(
         info,
@@ -67,6 +72,7 @@ def run(cfg: EvaluateConfig) -> dict:
         if cfg.eval.video or cfg.eval.save_plots:
             steps = tuple(cfg.eval.plot_steps) if cfg.eval.save_plots else ()
             record = EpisodeRecord(plan_steps=steps, render=cfg.eval.video)
+            journal.forget(cfg.eval.seed)  # the video and figures show episode 0: play it
         result = evaluate(
             planner,
             env,
@@ -79,6 +85,7 @@ def run(cfg: EvaluateConfig) -> dict:
             observers=[] if record is None else [record],
             no_score_reason=no_score_reason or "",
             reference_source=None if scores is None else scores.source,
+            journal=journal,
         )
     finally:
         env.close()
@@ -153,6 +160,22 @@ def planner_settings(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> di
     if isinstance(planner, IQLAgent):
         return {"agent": "iql", "critic": str(Path(cfg.checkpoint).resolve())}
     return dataclasses.asdict(planner.config)
+
+
+def evaluation_identity(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> dict:
+    """What decides how an episode plays, for an `EpisodeJournal`: the checkpoint (as it is on
+    disk now), the agent's settings and the environment. The number of envs, the device and
+    the reference scores are left out: an interrupted evaluation may continue on others."""
+    checkpoint = Path(cfg.checkpoint).resolve()
+    stat = checkpoint.stat()
+    return {
+        "checkpoint": str(checkpoint),
+        "checkpoint_bytes": stat.st_size,
+        "checkpoint_mtime_ns": stat.st_mtime_ns,
+        "planner": planner_settings(cfg, planner),
+        "env_id": cfg.eval.env_id or planner.dataset.eval_env_id,
+        "max_episode_steps": cfg.eval.max_episode_steps,
+    }
 
 
 def record_evaluation(checkpoint: Path, run_dir: Path, summary: dict) -> Path:

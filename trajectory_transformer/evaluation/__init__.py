@@ -7,7 +7,12 @@ from trajectory_transformer.evaluation.envs import (
     make_env,
     make_vector_env,
 )
-from trajectory_transformer.evaluation.loop import EvalResult, evaluate
+from trajectory_transformer.evaluation.loop import (
+    EpisodeJournal,
+    EvalResult,
+    JournalMismatchError,
+    evaluate,
+)
 from trajectory_transformer.evaluation.record import EpisodeRecord, PlanSnapshot, record_episode
 from trajectory_transformer.evaluation.video import render_observations, write_video
 from trajectory_transformer.scores import normalized_score
@@ -15,9 +20,11 @@ from trajectory_transformer.scores import normalized_score
 __all__ = [
     "Agent",
     "EnvMismatchError",
+    "EpisodeJournal",
     "EpisodeRecord",
     "EvalResult",
     "EvaluationObserver",
+    "JournalMismatchError",
     "PlanSnapshot",
     "PlanningAgent",
     "check_env_matches",

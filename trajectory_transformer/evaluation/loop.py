@@ -81,6 +81,67 @@ class EvalResult:
             os.replace(staged, path)
 
 
+class JournalMismatchError(ValueError):
+    """A run directory's journal records episodes of another evaluation."""
+
+
+class EpisodeJournal:
+    """An evaluation's finished episodes, one JSON line each, appended as they end, so that an
+    evaluation interrupted (Ctrl-C, a crash, a job's time limit) and started again on the same
+    journal plays only the episodes it had not finished.
+
+    The first line is the evaluation's `identity`: whatever decides what an episode plays
+    (checkpoint, planner settings, environment). A journal of another identity is refused, not
+    mixed in. Each episode's line holds its seed, return and length, and the planning time,
+    env-steps and wall time of all the slots since the line before, so that the steps of
+    episodes an interruption then cut count with the time they took. A line cut short by a
+    crash is ignored.
+    """
+
+    def __init__(self, path: str | os.PathLike, identity: dict) -> None:
+        self.path = Path(path)
+        self.identity = json.loads(json.dumps(identity))  # as it reads back from the file
+        self.finished: dict[int, dict] = {}
+        """Episode seed -> its line."""
+        if not self.path.exists() or not self.path.read_text().strip():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps({"identity": self.identity}) + "\n")
+            return
+        header, *lines = self._lines()
+        recorded = header.get("identity", {})
+        if recorded != self.identity:
+            differ = sorted(
+                k
+                for k in recorded.keys() | self.identity.keys()
+                if recorded.get(k) != self.identity.get(k)
+            )
+            raise JournalMismatchError(
+                f"{self.path} holds episodes of another evaluation (it differs in "
+                f"{', '.join(differ)}); evaluate into another run directory "
+                "(hydra.run.dir=...), or delete that file to start this one over"
+            )
+        for line in lines:
+            self.finished[int(line["seed"])] = line
+
+    def _lines(self) -> list[dict]:
+        lines = []
+        for text in self.path.read_text().splitlines():
+            try:
+                lines.append(json.loads(text))
+            except json.JSONDecodeError:
+                break  # the last line, cut short by a crash: that episode is played again
+        return lines
+
+    def forget(self, seed: int) -> None:
+        """Play the episode of `seed` again (an observer must see it)."""
+        self.finished.pop(seed, None)
+
+    def append(self, line: dict) -> None:
+        self.finished[int(line["seed"])] = line
+        with open(self.path, "a") as file:  # one short append per episode
+            file.write(json.dumps(line) + "\n")
+
+
 def evaluate(
     agent: Agent,
     env: gym.vector.VectorEnv,
@@ -91,6 +152,7 @@ def evaluate(
     observers: Sequence[EvaluationObserver] = (),
     no_score_reason: str = "the dataset carries no ref_min_score/ref_max_score",
     reference_source: str | None = "dataset metadata",
+    journal: EpisodeJournal | None = None,
 ) -> EvalResult:
     """Play `episodes` episodes with seeds `seed, seed+1, ...` on the `env.num_envs` slots of
     a vector env, keeping every slot busy (continuous batching).
@@ -103,12 +165,34 @@ def evaluate(
     ignored and the agent does not plan for them. `observers` (an `EpisodeRecord`, say) are
     told of every episode start, action and step. Returns are normalised by `ref_scores`
     (min, max) when both are given, and the result names them and their
-    `reference_source`; else `no_score_reason` says why not.
+    `reference_source`; else `no_score_reason` says why not. With a `journal`, every
+    finished episode is appended to it, and the episodes it already holds are not played
+    again: they count as they were recorded, their time and env-steps included.
     """
     num_envs = env.num_envs
-    returns, lengths, seeds = [], [], []
-    planning_seconds, env_steps = 0.0, 0
+    done = {} if journal is None else journal.finished
+    recorded = [done[seed + i] for i in range(episodes) if seed + i in done]
+    pending = [i for i in range(episodes) if seed + i not in done]  # episodes left to play
+    returns = [float(line["return"]) for line in recorded]
+    lengths = [int(line["length"]) for line in recorded]
+    seeds = [int(line["seed"]) for line in recorded]
+    planning_seconds = sum(line["planning_seconds"] for line in recorded)
+    env_steps = sum(line["env_steps"] for line in recorded)
+    earlier_wall = sum(line["wall_seconds"] for line in recorded)
     start = time.perf_counter()
+    since = {"planning_seconds": planning_seconds, "env_steps": env_steps, "wall_seconds": 0.0}
+    if not pending:
+        return _result(
+            returns,
+            lengths,
+            seeds,
+            planning_seconds,
+            env_steps,
+            earlier_wall,
+            ref_scores,
+            no_score_reason,
+            reference_source,
+        )
     # A vector env without autoreset refuses to step a finished env until it is reset, and
     # idle slots keep stepping, so evaluate resets them itself (their episodes are ignored).
     # Slots that start a new episode are always reset here, with its seed: an autoreset
@@ -117,7 +201,7 @@ def evaluate(
     spec = env.get_attr("spec")[0]
     max_steps = getattr(spec, "max_episode_steps", None)
     bar = tqdm(
-        total=episodes * max_steps if max_steps else None,
+        total=len(pending) * max_steps if max_steps else None,
         desc="eval env-steps",
         disable=not progress,
         dynamic_ncols=True,
@@ -129,8 +213,9 @@ def evaluate(
     active = np.zeros(num_envs, dtype=bool)
 
     def start_episodes(slots: np.ndarray, first: int) -> None:
-        """Slots `slots` (already reset) start episodes first, first + 1, ..."""
-        for episode, slot in enumerate(slots, start=first):
+        """Slots `slots` (already reset) start the pending episodes first, first + 1, ..."""
+        for index, slot in enumerate(slots, start=first):
+            episode = pending[index]
             episode_of_slot[slot], running[slot], length[slot] = episode, 0.0, 0
             active[slot] = True
             if reset_env is not None:
@@ -138,8 +223,8 @@ def evaluate(
             for observer in observers:
                 observer.on_start(int(slot), episode, seed + episode, observations, env)
 
-    first_slots = np.arange(min(num_envs, episodes))
-    first_seeds = [seed + i if i < episodes else None for i in range(num_envs)]
+    first_slots = np.arange(min(num_envs, len(pending)))
+    first_seeds = [seed + pending[i] if i < len(pending) else None for i in range(num_envs)]
     observations, _ = env.reset(seed=first_seeds)
     agent.reset(num_envs)
     start_episodes(first_slots, 0)
@@ -166,19 +251,55 @@ def evaluate(
             seeds.append(seed + int(episode_of_slot[i]))
             active[i] = False
             bar.set_postfix(episodes=len(returns), mean_return=f"{np.mean(returns):.1f}")
-        restart = finished[: max(episodes - next_episode, 0)]
+            if journal is not None:
+                now = {
+                    "planning_seconds": planning_seconds,
+                    "env_steps": env_steps,
+                    "wall_seconds": time.perf_counter() - start,
+                }
+                spent = {key: now[key] - since[key] for key in now}
+                journal.append(
+                    {"seed": seeds[-1], "return": returns[-1], "length": lengths[-1]} | spent
+                )
+                since = now
+        restart = finished[: max(len(pending) - next_episode, 0)]
         reset_mask = np.zeros(num_envs, dtype=bool)
         reset_mask[restart] = True
         if manual_reset and (active.any() or len(restart)):
             reset_mask |= dones
         if reset_mask.any():
             new_seeds: list[int | None] = [None] * num_envs
-            for episode, slot in enumerate(restart, start=next_episode):
-                new_seeds[slot] = seed + episode
+            for index, slot in enumerate(restart, start=next_episode):
+                new_seeds[slot] = seed + pending[index]
             observations, _ = env.reset(seed=new_seeds, options={"reset_mask": reset_mask})
             start_episodes(restart, next_episode)
             next_episode += len(restart)
     bar.close()
+    wall_seconds = earlier_wall + time.perf_counter() - start
+    return _result(
+        returns,
+        lengths,
+        seeds,
+        planning_seconds,
+        env_steps,
+        wall_seconds,
+        ref_scores,
+        no_score_reason,
+        reference_source,
+    )
+
+
+def _result(
+    returns: list[float],
+    lengths: list[int],
+    seeds: list[int],
+    planning_seconds: float,
+    env_steps: int,
+    wall_seconds: float,
+    ref_scores: tuple[float | None, float | None],
+    no_score_reason: str,
+    reference_source: str | None,
+) -> EvalResult:
     scores = normalized_score(np.array(returns), *ref_scores)
     return EvalResult(
         returns=returns,
@@ -191,5 +312,5 @@ def evaluate(
         reference_source=None if scores is None else reference_source,
         planning_seconds=planning_seconds,
         env_steps=env_steps,
-        wall_seconds=time.perf_counter() - start,
+        wall_seconds=wall_seconds,
     )

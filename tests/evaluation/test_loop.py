@@ -308,50 +308,34 @@ class InterruptedAgent(RecordingAgent):
 
 
 def test_an_interrupted_evaluation_plays_only_the_episodes_it_had_not_finished(tmp_path):
-    identity = {"checkpoint": "model.pt", "planner": {"beam_width": 4}}
     path = tmp_path / "episodes.jsonl"
     env = gym.vector.SyncVectorEnv([FallingEnv] * 3)
+
+    def run(agent):  # the same evaluation, on its journal as the file holds it
+        journal = EpisodeJournal(path, {"checkpoint": "model.pt", "planner": {"beam": 4}})
+        return evaluate(agent, env, len(SEEDS), SEEDS[0], progress=False, journal=journal)
+
     with pytest.raises(KeyboardInterrupt):
-        evaluate(
-            InterruptedAgent(stop_at=7),
-            env,
-            episodes=len(SEEDS),
-            seed=SEEDS[0],
-            progress=False,
-            journal=EpisodeJournal(path, identity),
-        )
-    first = EpisodeJournal(path, identity).finished
+        run(InterruptedAgent(stop_at=7))
+    first = EpisodeJournal(path, {"checkpoint": "model.pt", "planner": {"beam": 4}}).finished
     assert 0 < len(first) < len(SEEDS)
 
     agent = RecordingAgent()
-    result = evaluate(
-        agent,
-        env,
-        episodes=len(SEEDS),
-        seed=SEEDS[0],
-        progress=False,
-        journal=EpisodeJournal(path, identity),
-    )
-    env.close()
+    result = run(agent)
     # The recorded episodes and the new ones, each scored once on its own rewards.
     check_every_episode_scored_once(result, SEEDS, steps_cut_short=True)
     played = sorted(seed for _, seed in agent.starts)
     assert played == sorted(set(SEEDS) - set(first))  # none played twice
     assert result.seeds[: len(first)] == sorted(first)
-    assert sorted(EpisodeJournal(path, identity).finished) == SEEDS
 
     # Once complete, the same evaluation plays nothing: its results come from the journal.
     agent = RecordingAgent()
-    again = evaluate(
-        agent,
-        env,
-        episodes=len(SEEDS),
-        seed=SEEDS[0],
-        progress=False,
-        journal=EpisodeJournal(path, identity),
-    )
+    again = run(agent)
+    env.close()
     assert agent.calls == 0 and sorted(again.seeds) == SEEDS
     assert again.returns == [result.returns[result.seeds.index(s)] for s in again.seeds]
+    assert again.env_steps == result.env_steps
+    assert again.planning_seconds == pytest.approx(result.planning_seconds)  # summed otherwise
 
 
 def test_a_journal_of_another_evaluation_is_refused_and_a_cut_line_is_replayed(tmp_path):

@@ -142,6 +142,26 @@ class EpisodeJournal:
             file.write(json.dumps(line) + "\n")
 
 
+@dataclass
+class _Tally:
+    """The scored episodes of an evaluation and the work they took, a journal line each."""
+
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    planning_seconds: float = 0.0
+    env_steps: int = 0
+    wall_seconds: float = 0.0
+
+    def add(self, line: dict) -> None:
+        self.returns.append(float(line["return"]))
+        self.lengths.append(int(line["length"]))
+        self.seeds.append(int(line["seed"]))
+        self.planning_seconds += line["planning_seconds"]
+        self.env_steps += line["env_steps"]
+        self.wall_seconds += line["wall_seconds"]
+
+
 def evaluate(
     agent: Agent,
     env: gym.vector.VectorEnv,
@@ -169,30 +189,45 @@ def evaluate(
     finished episode is appended to it, and the episodes it already holds are not played
     again: they count as they were recorded, their time and env-steps included.
     """
-    num_envs = env.num_envs
     done = {} if journal is None else journal.finished
-    recorded = [done[seed + i] for i in range(episodes) if seed + i in done]
-    pending = [i for i in range(episodes) if seed + i not in done]  # episodes left to play
-    returns = [float(line["return"]) for line in recorded]
-    lengths = [int(line["length"]) for line in recorded]
-    seeds = [int(line["seed"]) for line in recorded]
-    planning_seconds = sum(line["planning_seconds"] for line in recorded)
-    env_steps = sum(line["env_steps"] for line in recorded)
-    earlier_wall = sum(line["wall_seconds"] for line in recorded)
-    start = time.perf_counter()
-    since = {"planning_seconds": planning_seconds, "env_steps": env_steps, "wall_seconds": 0.0}
-    if not pending:
-        return _result(
-            returns,
-            lengths,
-            seeds,
-            planning_seconds,
-            env_steps,
-            earlier_wall,
-            ref_scores,
-            no_score_reason,
-            reference_source,
-        )
+    tally = _Tally()
+    for episode in range(episodes):
+        if seed + episode in done:
+            tally.add(done[seed + episode])
+    pending = [episode for episode in range(episodes) if seed + episode not in done]
+    if pending:
+        _play(agent, env, pending, seed, tally, progress, observers, journal)
+    scores = normalized_score(np.array(tally.returns), *ref_scores)
+    return EvalResult(
+        returns=tally.returns,
+        lengths=tally.lengths,
+        seeds=tally.seeds,
+        normalized_scores=None if scores is None else scores.tolist(),
+        no_score_reason=None if scores is not None else no_score_reason,
+        ref_min_score=None if scores is None else float(ref_scores[0]),
+        ref_max_score=None if scores is None else float(ref_scores[1]),
+        reference_source=None if scores is None else reference_source,
+        planning_seconds=tally.planning_seconds,
+        env_steps=tally.env_steps,
+        wall_seconds=tally.wall_seconds,
+    )
+
+
+def _play(
+    agent: Agent,
+    env: gym.vector.VectorEnv,
+    pending: list[int],
+    seed: int,
+    tally: _Tally,
+    progress: bool,
+    observers: Sequence[EvaluationObserver],
+    journal: EpisodeJournal | None,
+) -> None:
+    """`evaluate`'s rollout of the episodes `pending` (indices after `seed`), each added to
+    `tally` (and `journal`) as it ends, with the work done since the one before."""
+    num_envs = env.num_envs
+    planning_seconds, env_steps, start = 0.0, 0, time.perf_counter()
+    since = (0.0, 0, 0.0)  # planning seconds, env-steps and wall seconds at the last line
     # A vector env without autoreset refuses to step a finished env until it is reset, and
     # idle slots keep stepping, so evaluate resets them itself (their episodes are ignored).
     # Slots that start a new episode are always reset here, with its seed: an autoreset
@@ -246,22 +281,23 @@ def evaluate(
         length[active] += 1
         finished = np.flatnonzero(active & dones)
         for i in finished:
-            returns.append(float(running[i]))
-            lengths.append(int(length[i]))
-            seeds.append(seed + int(episode_of_slot[i]))
-            active[i] = False
-            bar.set_postfix(episodes=len(returns), mean_return=f"{np.mean(returns):.1f}")
+            now = (planning_seconds, env_steps, time.perf_counter() - start)
+            line = {
+                "seed": seed + int(episode_of_slot[i]),
+                "return": float(running[i]),
+                "length": int(length[i]),
+                "planning_seconds": now[0] - since[0],
+                "env_steps": now[1] - since[1],
+                "wall_seconds": now[2] - since[2],
+            }
+            since = now
+            tally.add(line)
             if journal is not None:
-                now = {
-                    "planning_seconds": planning_seconds,
-                    "env_steps": env_steps,
-                    "wall_seconds": time.perf_counter() - start,
-                }
-                spent = {key: now[key] - since[key] for key in now}
-                journal.append(
-                    {"seed": seeds[-1], "return": returns[-1], "length": lengths[-1]} | spent
-                )
-                since = now
+                journal.append(line)
+            active[i] = False
+            bar.set_postfix(
+                episodes=len(tally.returns), mean_return=f"{np.mean(tally.returns):.1f}"
+            )
         restart = finished[: max(len(pending) - next_episode, 0)]
         reset_mask = np.zeros(num_envs, dtype=bool)
         reset_mask[restart] = True
@@ -275,42 +311,3 @@ def evaluate(
             start_episodes(restart, next_episode)
             next_episode += len(restart)
     bar.close()
-    wall_seconds = earlier_wall + time.perf_counter() - start
-    return _result(
-        returns,
-        lengths,
-        seeds,
-        planning_seconds,
-        env_steps,
-        wall_seconds,
-        ref_scores,
-        no_score_reason,
-        reference_source,
-    )
-
-
-def _result(
-    returns: list[float],
-    lengths: list[int],
-    seeds: list[int],
-    planning_seconds: float,
-    env_steps: int,
-    wall_seconds: float,
-    ref_scores: tuple[float | None, float | None],
-    no_score_reason: str,
-    reference_source: str | None,
-) -> EvalResult:
-    scores = normalized_score(np.array(returns), *ref_scores)
-    return EvalResult(
-        returns=returns,
-        lengths=lengths,
-        seeds=seeds,
-        normalized_scores=None if scores is None else scores.tolist(),
-        no_score_reason=None if scores is not None else no_score_reason,
-        ref_min_score=None if scores is None else float(ref_scores[0]),
-        ref_max_score=None if scores is None else float(ref_scores[1]),
-        reference_source=None if scores is None else reference_source,
-        planning_seconds=planning_seconds,
-        env_steps=env_steps,
-        wall_seconds=wall_seconds,
-    )

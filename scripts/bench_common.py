@@ -49,12 +49,27 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bf16", action="store_true", help="plan under bfloat16 autocast (CUDA)")
 
 
-def planning_precision(bf16: bool, device: torch.device):
-    """The context to plan in: bfloat16 autocast with `bf16` (`--bf16`), else float32 as it is.
-    The autocast keeps no cache of cast weights, which a CUDA graph capture would not allow."""
-    if not bf16:
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+def planning_precision(precision: str, device: torch.device):
+    """The context to plan in: `bf16`, bfloat16 autocast (`--bf16`; it keeps no cache of cast
+    weights, which a CUDA graph capture would not allow); `tf32`, float32 matrix products on
+    the tensor cores (TF32 inputs, on CUDA); anything else, float32 as it is."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+    if precision == "tf32":
+        return TF32Matmuls()
+    return contextlib.nullcontext()
+
+
+class TF32Matmuls:
+    """CUDA float32 matrix products in TF32 inside the block (compiled graphs and captures
+    made inside it keep it), restored after; reusable, as a timing loop enters it each call."""
+
+    def __enter__(self) -> None:
+        self.previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+
+    def __exit__(self, *exc_info) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = self.previous
 
 
 def model_config(args: argparse.Namespace, observation_dim: int, action_dim: int) -> GPTConfig:

@@ -41,7 +41,7 @@ step tests-cuda 100 "$python" -m pytest -q -p no:cacheprovider "${workers[@]}" -
     tests/training/test_trainer.py tests/test_checkpoint.py tests/cli/test_eval_cli.py
 step decode-25-envs 120 "$python" scripts/bench_planner.py --device cuda \
     --envs 25 --reps 20 --warmup 3 --greedy \
-    --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search,compile/search+bf16
+    --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search,compile/search+bf16,compile/search+tf32
 step rollout-25x1000 150 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
     --decode compile --cuda-graph search
 # -v names each test as it ends, so a run cut short still says what failed.
@@ -49,9 +49,12 @@ TAIL=40 step tests-all 170 "$python" -m pytest -v -rf -p no:cacheprovider "${wor
     --ignore=tests/test_notebooks.py --ignore=tests/test_install.py "$@"
 step decode-1000-envs 75 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 3 \
     --warmup 1 --greedy --compare-decodes eager/none,eager/step,compile/search
-# One process: the compiler's caches carry over from one env count to the next.
+# One process: the compiler's caches carry over from one env count to the next. 1,000 envs
+# take longer than the other four together: a step of their own.
 step rollout-scaling 240 "$python" scripts/bench_rollout.py --device cuda --same-process \
-    --envs 1,25,100,250,1000 --steps 30 --decode compile --cuda-graph search
+    --envs 1,25,100,250 --steps 30 --decode compile --cuda-graph search
+step rollout-1000-envs 360 "$python" scripts/bench_rollout.py --device cuda --envs 1000 \
+    --steps 30 --decode compile --cuda-graph search
 for path in eager/none eager/search compile/search; do
     TAIL=30 step "profile-${path/\//-}" 45 "$python" scripts/bench_planner.py --device cuda \
         --envs 25 --warmup 2 --greedy --decode "${path%/*}" --cuda-graph "${path#*/}" --profile 20

@@ -88,7 +88,8 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="alternate plan calls of these decode paths (planner.decode/planner.cuda_graph) "
         "in this process, e.g. eager/none,eager/step,compile/search,eager/step+bf16 (+bf16: "
-        "under bfloat16 autocast); with --greedy, also whether each plans what the first does",
+        "under bfloat16 autocast; +tf32: float32 matrix products in TF32 on CUDA); with "
+        "--greedy, also whether each plans what the first does",
     )
     return parser.parse_args()
 
@@ -382,10 +383,12 @@ def compare_decodes(
     planners, precisions = {}, {}
     for name in variants:
         path, _, precision = name.partition("+")
+        if precision not in ("", "bf16", "tf32"):
+            raise SystemExit(f"{name}: the precision after + is bf16 or tf32, not {precision!r}")
         decode, _, cuda_graph = path.partition("/")
         settings = search_settings(args) | {"decode": decode, "cuda_graph": cuda_graph or "none"}
         planners[name] = planner_with_history(model, discretizer, settings, history)
-        precisions[name] = planning_precision(precision == "bf16", device)
+        precisions[name] = planning_precision(precision, device)
 
     def timed(name: str):
         planner = planners[name]

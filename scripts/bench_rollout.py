@@ -180,7 +180,7 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
         # compiles; and with warm-up steps, plays them in envs of their own.
         observations, _ = env.reset(seed=args.seed)
         planner.reset(envs)
-        with planning_precision(args.bf16, device):
+        with planning_precision("bf16" if args.bf16 else "fp32", device):
             planner.plan(observations)
             if warmup_steps:
                 warmup_env = make_vector_env(info, envs, env_id, max_episode_steps=warmup_steps)

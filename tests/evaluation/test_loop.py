@@ -356,6 +356,18 @@ def test_a_journal_of_another_evaluation_is_refused_and_a_cut_line_is_replayed(t
         EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 15}})
     with open(path, "a") as file:
         file.write('{"seed": 5, "ret')  # a crash in the middle of a line
-    assert sorted(
-        EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 5}}).finished
-    ) == [3, 4]
+    journal = EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 5}})
+    assert sorted(journal.finished) == [3, 4]
+    # Episodes finished after the crash read back: the cut line is gone, not in their way.
+    journal.append(
+        {
+            "seed": 5,
+            "return": 1.0,
+            "length": 2,
+            "planning_seconds": 0.1,
+            "env_steps": 2,
+            "wall_seconds": 0.2,
+        }
+    )
+    again = EpisodeJournal(path, {"checkpoint": "a.pt", "planner": {"horizon": 5}})
+    assert sorted(again.finished) == [3, 4, 5]

@@ -103,11 +103,7 @@ class EpisodeJournal:
         self.identity = json.loads(json.dumps(identity))  # as it reads back from the file
         self.finished: dict[int, dict] = {}
         """Episode seed -> its line."""
-        if not self.path.exists() or not self.path.read_text().strip():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({"identity": self.identity}) + "\n")
-            return
-        header, *lines = self._lines()
+        header, *lines = self._lines() or [{"identity": self.identity}]
         recorded = header.get("identity", {})
         if recorded != self.identity:
             differ = sorted(
@@ -122,9 +118,18 @@ class EpisodeJournal:
             )
         for line in lines:
             self.finished[int(line["seed"])] = line
+        # Written anew from what was read, replaced whole: a line cut short by a crash goes,
+        # so that the lines appended from now on follow a whole one and read back.
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staged = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        staged.write_text("".join(json.dumps(line) + "\n" for line in [header, *lines]))
+        os.replace(staged, self.path)
 
     def _lines(self) -> list[dict]:
+        """The file's whole lines up to the first one cut short (none if there is no file)."""
         lines = []
+        if not self.path.exists():
+            return lines
         for text in self.path.read_text().splitlines():
             try:
                 lines.append(json.loads(text))
@@ -190,11 +195,12 @@ def evaluate(
     again: they count as they were recorded, their time and env-steps included.
     """
     done = {} if journal is None else journal.finished
-    tally = _Tally()
+    tally, pending = _Tally(), []  # pending: the episodes left to play
     for episode in range(episodes):
         if seed + episode in done:
             tally.add(done[seed + episode])
-    pending = [episode for episode in range(episodes) if seed + episode not in done]
+        else:
+            pending.append(episode)
     if pending:
         _play(agent, env, pending, seed, tally, progress, observers, journal)
     scores = normalized_score(np.array(tally.returns), *ref_scores)

@@ -54,6 +54,16 @@ VALUE_PLACEHOLDER = 0
 """Token stored for the value of a real transition: the attention mask hides it anyway."""
 
 
+def _compile_step(step: Callable) -> Callable:
+    """`step` through `torch.compile`, whole and for fixed shapes. Dynamo keeps a graph per
+    shape of the step, two per number of planned envs, and with fullgraph=True fails past its
+    limit per function (8): a continuous-batching tail plans more numbers of envs than that,
+    so only its overall limit applies here."""
+    dynamo = torch._dynamo.config
+    dynamo.recompile_limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
+    return torch.compile(step, fullgraph=True, dynamic=False)
+
+
 @dataclass
 class _Beams:
     """The per-row state of a search, rows in the cache's `RowLayout` order."""
@@ -477,16 +487,8 @@ class BeamPlanner:
         the PyTorch step with a device-held position (`static_decoder`); otherwise
         `model.decoder`, which takes the native kernels on the CPU."""
         if self.config.decode == "compile":
-            # Dynamo keeps a graph per shape of the step, two per number of planned envs, and
-            # with fullgraph=True fails past its limit per function (8): a continuous-batching
-            # tail plans more numbers of envs than that. Only its overall limit applies here.
-            dynamo = torch._dynamo.config
-            dynamo.recompile_limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
             key = ("compiled step", cache.groups)
-            static_step = self.model.static_decoder(cache)
-            return self._captured(
-                key, lambda: torch.compile(static_step, fullgraph=True, dynamic=False)
-            )
+            return self._captured(key, lambda: _compile_step(self.model.static_decoder(cache)))
         if self.cuda_graph == "none":
             return self.model.decoder(cache)
         return self.model.static_decoder(cache)

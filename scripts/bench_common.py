@@ -28,7 +28,7 @@ def add_model_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_search_flags(parser: argparse.ArgumentParser) -> None:
-    """Beam search: beam 32, expand 2, horizon 5, context 5; how it decodes, in what precision."""
+    """Beam search: beam 32, expand 2, horizon 5, context 5; how it decodes."""
     parser.add_argument("--beam", type=int, default=32)
     parser.add_argument("--expand", type=int, default=2)
     parser.add_argument("--horizon", type=int, default=5)
@@ -46,7 +46,21 @@ def add_search_flags(parser: argparse.ArgumentParser) -> None:
         help="planner.cuda_graph: what CUDA captures, none, the decode step or the whole search",
     )
     parser.add_argument("--greedy", action="store_true", help="plan deterministically")
+
+
+def add_precision_flags(parser: argparse.ArgumentParser) -> None:
+    """The precision of the planning: float32 unless one of these is given."""
     parser.add_argument("--bf16", action="store_true", help="plan under bfloat16 autocast (CUDA)")
+    parser.add_argument(
+        "--tf32", action="store_true", help="plan with float32 matrix products in TF32 (CUDA)"
+    )
+
+
+def precision_flag(args: argparse.Namespace) -> str:
+    """`bf16`, `tf32` or `fp32`, from `--bf16` and `--tf32` (which exclude each other)."""
+    if args.bf16 and args.tf32:
+        raise SystemExit("--bf16 and --tf32 exclude each other: give one of them")
+    return "bf16" if args.bf16 else "tf32" if args.tf32 else "fp32"
 
 
 def planning_precision(precision: str, device: torch.device):

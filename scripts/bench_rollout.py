@@ -44,10 +44,12 @@ import numpy as np
 import torch
 from bench_common import (
     add_model_flags,
+    add_precision_flags,
     add_search_flags,
     model_config,
     peak_rss_mib,
     planning_precision,
+    precision_flag,
     search_settings,
 )
 
@@ -75,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--seed", type=int, default=0)
     add_search_flags(parser)
+    add_precision_flags(parser)
     add_model_flags(parser)
     parser.add_argument(
         "--fit-steps", type=int, default=2000, help="random-action steps the discretizer is fit to"
@@ -167,21 +170,30 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
     """Play `envs` envs for `args.steps` steps each through `evaluate`, after the warm-up."""
     device = torch.device(args.device)
     load = os.getloadavg()
+    precision = precision_flag(args)
+    started = time.perf_counter()
+
+    def phase(text: str) -> None:  # where a long setting spends its untimed part, on stderr
+        print(f"  {envs} envs, {time.perf_counter() - started:7.1f} s: {text}", file=sys.stderr)
+
     planner = build_planner(args, device)
+    phase("planner built")
     info = planner.dataset
     env_id = args.env if args.checkpoint else (args.env or DEFAULT_ENV)
     warmup_steps = args.warmup_steps
     if warmup_steps is None:
         warmup_steps = args.context + 1 if device.type == "cuda" else 0
     env = make_vector_env(info, envs, env_id, max_episode_steps=args.steps)
+    phase("envs made")
     warmup_start = time.perf_counter()
     try:
         # Warm-up: builds or loads the native kernels, prepares the weights, sizes the cache,
         # compiles; and with warm-up steps, plays them in envs of their own.
         observations, _ = env.reset(seed=args.seed)
         planner.reset(envs)
-        with planning_precision("bf16" if args.bf16 else "fp32", device):
+        with planning_precision(precision, device):
             planner.plan(observations)
+            phase("first plan call done")
             if warmup_steps:
                 warmup_env = make_vector_env(info, envs, env_id, max_episode_steps=warmup_steps)
                 try:
@@ -192,6 +204,7 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
                 torch.cuda.synchronize(device)
                 torch.cuda.reset_peak_memory_stats(device)
             warmup_seconds = time.perf_counter() - warmup_start
+            phase(f"warm-up done ({warmup_steps} steps); timing {args.steps} steps")
             result = evaluate(planner, env, episodes=envs, seed=args.seed, progress=False)
     finally:
         env.close()
@@ -219,7 +232,7 @@ def run_setting(args: argparse.Namespace, envs: int) -> dict:
         "horizon": args.horizon,
         "context": args.context,
         "decode": f"{planner.config.decode}/{planner.cuda_graph}",
-        "bf16": args.bf16,
+        "precision": precision,
         "load_average": [round(x, 2) for x in load],
         "machine": platform.processor() or platform.machine(),
     }
@@ -256,7 +269,7 @@ def main() -> None:
             f"{record['envs']:>4} envs x {record['steps_per_env']} steps on {record['device']} "
             f"({record['threads']} threads): {record['env_steps_per_s']:.1f} env-steps/s, "
             f"{record['planning_ms_per_env_step']:.2f} ms planning per env-step "
-            f"({record['decode']}{' bf16' if args.bf16 else ''}), {peak} "
+            f"({record['decode']} {record['precision']}), {peak} "
             f"(load {record['load_average'][0]:.2f})",
             file=sys.stderr,
             flush=True,

@@ -101,6 +101,7 @@ def test_state_set_from_an_observation_reproduces_it(env_id, tmp_path, monkeypat
 
 
 def test_imagined_frames_render_where_the_state_can_be_set():
+    pytest.importorskip("pygame", reason="Pendulum draws its frames with pygame (the test extra)")
     pendulum = gym.make("Pendulum-v1", render_mode="rgb_array")
     pendulum.reset(seed=0)
     observations = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.5]], dtype=np.float32)

@@ -31,7 +31,8 @@ step() {  # name, time limit in seconds, command...
     shift 2
     if [[ -n ${STEPS:-} && " $STEPS " != *" $name "* ]]; then return; fi
     echo "== $name"
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    # SIGINT: pytest stops its workers and still prints its summary of failures.
+    timeout -s INT -k 20 "$limit" "$@" >"$out/$name.log" 2>&1
     echo "== $name: exit $? after $((SECONDS - start)) s"
     tail -n "${TAIL:-12}" "$out/$name.log" | cut -c1-400
 }

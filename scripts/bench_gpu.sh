@@ -51,8 +51,10 @@ step rollout-25x1000 150 "$python" scripts/bench_rollout.py --device cuda --envs
 # -v names each test as it ends, so a run cut short still says what failed.
 TAIL=40 step tests-all 240 "${tests[@]}" -v -rf -p no:cacheprovider "${workers[@]}" -k "not video" \
     --ignore=tests/test_notebooks.py --ignore=tests/test_install.py "$@"
-step decode-1000-envs 75 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 3 \
-    --warmup 1 --greedy --compare-decodes eager/none,eager/step,compile/search
+# Each path's first call is logged as it ends: at 1,000 envs the compiled and captured search
+# had not finished its first call after 245 s, and this says which part stalls.
+step decode-1000-envs 240 "$python" scripts/bench_planner.py --device cuda --envs 1000 --reps 3 \
+    --warmup 1 --greedy --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search
 # One process: the compiler's caches carry over from one env count to the next. 1,000 envs
 # take longer than the other four together: a step of their own, with fewer timed steps (the
 # log says where its untimed part goes).

@@ -403,7 +403,10 @@ def compare_decodes(
             torch.cuda.synchronize(device)
         return time.perf_counter() - start, plan
 
-    first_call = {name: timed(name)[0] for name in variants}  # captures, compiles, warms up
+    first_call = {}  # captures, compiles, warms up; said as it ends, since it can take minutes
+    for name in variants:
+        first_call[name] = timed(name)[0]
+        print(f"{name}: first call {first_call[name]:.1f} s", file=sys.stderr, flush=True)
     for _ in range(args.warmup):
         for name in variants:
             timed(name)

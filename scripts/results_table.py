@@ -95,16 +95,23 @@ def setting_of(settings: dict, override: str) -> bool:
     return node == yaml.safe_load(value)
 
 
+# Overrides that do not change how an episode plays (each episode has its own seed), as
+# tt-eval's `evaluation_identity` leaves them out: an evaluation made with others is reused.
+PLAY_INDEPENDENT = ("eval.num_envs", "eval.progress", "device")
+
+
 def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]) -> dict:
     """The evaluation's results.json; one already on disk with the same episodes and
-    overrides is reused, one with others replaced. An evaluation interrupted before its
-    results.json continues (tt-eval keeps its finished episodes in the run directory)."""
+    overrides (those of `PLAY_INDEPENDENT` aside) is reused, one with others replaced. An
+    evaluation interrupted before its results.json continues (tt-eval keeps its finished
+    episodes in the run directory)."""
     run_dir = checkpoint.parent / f"eval_{planner}"
     results = run_dir / "results.json"
     if results.exists():
         summary = json.loads(results.read_text())
         settings = summary["settings"]
-        if len(summary["returns"]) == episodes and all(setting_of(settings, o) for o in overrides):
+        deciding = [o for o in overrides if o.partition("=")[0] not in PLAY_INDEPENDENT]
+        if len(summary["returns"]) == episodes and all(setting_of(settings, o) for o in deciding):
             return summary
         (run_dir / "episodes.jsonl").unlink(missing_ok=True)  # another evaluation: start over
     bin_dir = Path(sys.executable).parent

@@ -89,7 +89,7 @@ def test_a_maze_is_compared_with_its_behaviour_policy(script, tmp_path, monkeypa
     assert "Dataset mean of pointmaze/umaze-v0: its behaviour policy's score" in table
 
 
-def test_an_evaluation_is_reused_only_with_the_same_settings(script, tmp_path, monkeypatch):
+def test_an_evaluation_is_reused_only_with_the_same_play_settings(script, tmp_path, monkeypatch):
     checkpoint = tmp_path / "seed0" / "checkpoint.pt"
     run_dir = checkpoint.parent / "eval_default"
     run_dir.mkdir(parents=True)
@@ -100,11 +100,13 @@ def test_an_evaluation_is_reused_only_with_the_same_settings(script, tmp_path, m
     monkeypatch.setattr(script, "run", ran.append)
     assert script.evaluate(checkpoint, "default", 3, ["eval.num_envs=10"]) == summary
     assert script.evaluate(checkpoint, "default", 3, []) == summary
+    # Episodes play the same with any number of envs (each has its own seed).
+    assert script.evaluate(checkpoint, "default", 3, ["eval.num_envs=5", "device=cpu"]) == summary
     assert not ran
-    for overrides in (["eval.num_envs=5"], ["planner.beam_width=4"]):
+    for overrides in (["planner.horizon=5", "eval.num_envs=5"], ["planner.beam_width=4"]):
         script.evaluate(checkpoint, "default", 3, overrides)
     script.evaluate(checkpoint, "default", 4, [])
-    assert len(ran) == 3 and ran[0][-1] == "eval.num_envs=5"
+    assert len(ran) == 3 and ran[0][-2:] == ["planner.horizon=5", "eval.num_envs=5"]
 
 
 def test_an_interrupted_training_continues_from_its_checkpoint(script, tmp_path, monkeypatch):

@@ -20,10 +20,10 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 # pytest-xdist, where installed, runs the tests on several cores.
-# Two threads per worker: with torch's default of one thread per core in every worker, the
-# whole suite had run half its tests after 240 s on a 16-core machine.
 workers=()
 if "$python" -c "import xdist" 2>/dev/null; then workers=(-n 8); fi
+# Two threads per worker: with torch's default of one thread per core in every worker, the
+# whole suite had run half its tests after 240 s on a 16-core machine.
 tests=(env OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 "$python" -m pytest)
 
 step() {  # name, time limit in seconds, command...

@@ -30,6 +30,7 @@ from trajectory_transformer.planning import BeamPlanner
 
 @pytest.fixture
 def recorded(tiny_checkpoint):
+    pytest.importorskip("pygame", reason="Pendulum draws its frames with pygame (the test extra)")
     planner = BeamPlanner.from_checkpoint(
         tiny_checkpoint, beam_width=4, horizon=3, context_transitions=1
     )

@@ -2,8 +2,8 @@
 # The GPU figures of BENCHMARKS.md in one run, on a machine with one CUDA device where the
 # package and its dependencies import:
 #   1. the device-parametrised tests on CUDA (every path against its reference, no host sync);
-#   2. the decode paths side by side in one process (eager or compiled; nothing, the step or
-#      the whole search captured as a CUDA graph; bf16);
+#   2. the decode paths side by side in one process (eager, compiled or fused; nothing, the step or
+#      the whole search captured as a CUDA graph; TF32);
 #   3. HalfCheetah-v5, 25 envs x 1000 steps, the paper's model and search (the headline);
 #   4. the whole test suite;
 #   5. the decode paths at 1000 envs, and the env-count scaling table;
@@ -42,30 +42,27 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 
 step tests-cuda 100 "${tests[@]}" -q -p no:cacheprovider "${workers[@]}" -k cuda \
     tests/planning/test_cuda.py tests/planning/test_beam.py tests/model/test_kv_cache.py \
-    tests/training/test_trainer.py tests/test_checkpoint.py tests/cli/test_eval_cli.py
+    tests/training/test_trainer.py tests/test_checkpoint.py tests/cli/test_eval_cli.py \
+    tests/model/test_fused.py
 step decode-25-envs 120 "$python" scripts/bench_planner.py --device cuda \
     --envs 25 --reps 20 --warmup 3 --greedy \
-    --compare-decodes eager/none,eager/step,eager/search,compile/step,compile/search,compile/search+bf16,compile/search+tf32
+    --compare-decodes eager/search,compile/search,fused/none,fused/step,fused/search,compile/search+tf32
 step rollout-25x1000 150 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
-    --decode compile --cuda-graph search
+    --decode fused --cuda-graph search
 # -v names each test as it ends, so a run cut short still says what failed.
 TAIL=40 step tests-all 240 "${tests[@]}" -v -rf -p no:cacheprovider "${workers[@]}" -k "not video" \
     --ignore=tests/test_notebooks.py --ignore=tests/test_install.py "$@"
 # 1,000 envs, one decode path per process: each planner's cache is 26 GiB there, and three
 # side by side did not fit on an 80 GB card. The compiled step had not finished its first call
 # after 146 s at this size, so the eager one comes first.
-for path in eager/search compile/search; do
+for path in eager/search fused/search compile/search; do
     step "decode-1000-envs-${path/\//-}" 150 "$python" scripts/bench_planner.py --device cuda \
         --envs 1000 --reps 3 --warmup 1 --greedy --decode "${path%/*}" --cuda-graph "${path#*/}"
 done
-# One process: the compiler's caches carry over from one env count to the next. 1,000 envs
-# are a step of their own, eager (see above), with fewer timed steps (the log says where its
-# untimed part goes).
-step rollout-scaling 240 "$python" scripts/bench_rollout.py --device cuda --same-process \
-    --envs 1,25,100,250 --steps 30 --decode compile --cuda-graph search
-step rollout-1000-envs 150 "$python" scripts/bench_rollout.py --device cuda --envs 1000 \
-    --steps 10 --decode eager --cuda-graph search
-for path in eager/none eager/search compile/search; do
+# One process: the kernels compiled for one env count serve the next.
+step rollout-scaling 300 "$python" scripts/bench_rollout.py --device cuda --same-process \
+    --envs 1,25,100,250,1000 --steps 30 --decode fused --cuda-graph search
+for path in eager/search compile/search fused/search; do
     TAIL=30 step "profile-${path/\//-}" 45 "$python" scripts/bench_planner.py --device cuda \
         --envs 25 --warmup 2 --greedy --decode "${path%/*}" --cuda-graph "${path#*/}" --profile 20
 done

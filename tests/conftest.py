@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import warnings
+
+import torch
+
+# Without a GPU, Triton's kernels (the fused decode step) run through its interpreter, and
+# Triton reads that choice when it is first imported: before anything imports it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import gymnasium as gym
 import minari
@@ -39,6 +47,18 @@ def device(request):
     import torch
 
     return torch.device(request.param)
+
+
+@pytest.fixture
+def fused_device():
+    """Where the fused decode step's Triton kernels run in a test: CUDA where there is a GPU,
+    else the CPU through Triton's interpreter (slow: tiny models and few steps only)."""
+    pytest.importorskip("triton", reason="Triton is not installed for this platform")
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("no GPU, and TRITON_INTERPRET is not 1 (Triton's interpreter)")
+    return torch.device("cpu")
 
 
 def tolerance(device) -> dict:

@@ -73,6 +73,8 @@ PLANNER_PATHS = [
             ("eager", "search"),
             ("compile", "step"),
             ("compile", "search"),
+            ("fused", "step"),
+            ("fused", "search"),
         ]
     ),
 ]
@@ -109,6 +111,32 @@ def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(
         torch.stack([c[-OBS:] for c in contexts])[:, None].expand(3, 4, OBS),
     )
     assert plan.tokens.device.type == device
+
+
+def test_greedy_planner_with_the_fused_step_equals_naive(fused_device):
+    # On CUDA the whole search is captured around the fused step.
+    planner = BeamPlanner(
+        tiny_model(),
+        tiny_discretizer(),
+        device=fused_device,
+        deterministic=True,
+        decode="fused",
+        cuda_graph="search",
+        **{**SMALL, "horizon": 2},
+    )
+    planner.reset(2)
+    obs = run_steps(planner, 1, {0: [0]})  # two history lengths: two groups of envs
+    plan = planner.plan(obs)
+    reference = naive_plan(
+        planner.model, planner.discretizer, planner.context_tokens(obs), planner.config
+    )
+    assert_same_plan(plan, reference)
+
+
+def test_the_fused_step_is_refused_where_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"planner.decode=fused cannot run here: it runs on CUDA"):
+        BeamPlanner(tiny_model(), tiny_discretizer(), decode="fused", **SMALL)
 
 
 @pytest.mark.parametrize("feedback", ["greedy", "sample"])

@@ -19,7 +19,7 @@ from trajectory_transformer.training.trainer import Trainer
 
 
 def test_decode_settings_are_checked_and_nothing_is_captured_on_the_cpu() -> None:
-    with pytest.raises(ValueError, match=r"planner\.decode must be eager or compile"):
+    with pytest.raises(ValueError, match=r"planner\.decode must be eager, compile or fused"):
         BeamPlanner(tiny_model(), tiny_discretizer(), decode="graph", **SMALL)
     with pytest.raises(ValueError, match=r"planner\.cuda_graph must be none, step or search"):
         BeamPlanner(tiny_model(), tiny_discretizer(), cuda_graph="all", **SMALL)
@@ -93,7 +93,14 @@ def assert_same_plan_up_to_ties(a, b, atol: float = 1e-4) -> None:
 
 @cuda_only
 @pytest.mark.parametrize(
-    "decode, cuda_graph", [("eager", "none"), ("eager", "step"), ("compile", "search")]
+    "decode, cuda_graph",
+    [
+        ("eager", "none"),
+        ("eager", "step"),
+        ("compile", "search"),
+        ("fused", "none"),
+        ("fused", "search"),
+    ],
 )
 def test_greedy_plans_on_cuda_equal_the_cpus(decode: str, cuda_graph: str) -> None:
     plans = {}
@@ -133,10 +140,16 @@ def test_a_capture_plans_as_the_uncaptured_step_and_is_captured_once_per_shape(c
 
 
 @cuda_only
+@pytest.mark.parametrize("decode", ["eager", "fused"])
 @pytest.mark.parametrize("cuda_graph", ["none", "step", "search"])
-def test_a_plan_call_never_waits_on_the_gpu(cuda_graph: str) -> None:
+def test_a_plan_call_never_waits_on_the_gpu(cuda_graph: str, decode: str) -> None:
     planner = BeamPlanner(
-        tiny_model(), tiny_discretizer(), device="cuda", cuda_graph=cuda_graph, **SMALL
+        tiny_model(),
+        tiny_discretizer(),
+        device="cuda",
+        decode=decode,
+        cuda_graph=cuda_graph,
+        **SMALL,
     )
     planner.reset(3)
     obs = run_steps(planner, 2)  # captures what it will replay

@@ -100,14 +100,15 @@ def test_a_compiled_planner_plans_more_numbers_of_envs_than_dynamos_default_limi
         return compile(fn, **kwargs, backend="eager")  # traced, run as traced
 
     monkeypatch.setattr(torch, "compile", traced_only)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    planner = BeamPlanner(tiny_model(), tiny_discretizer(), decode="compile", seed=1, **SMALL)
-    planner.reset(5)
-    obs = run_steps(planner, 1)
-    for envs in range(5, 0, -1):
-        active = np.arange(5) < envs
-        plan = planner.plan(obs, active=active)
-        assert not plan.tokens[~active].any()
+    # Through dynamo's own `patch`: monkeypatch's undo leaves the option unreadable.
+    with torch._dynamo.config.patch(recompile_limit=8):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        planner = BeamPlanner(tiny_model(), tiny_discretizer(), decode="compile", seed=1, **SMALL)
+        planner.reset(5)
+        obs = run_steps(planner, 1)
+        for envs in range(5, 0, -1):
+            active = np.arange(5) < envs
+            plan = planner.plan(obs, active=active)
+            assert not plan.tokens[~active].any()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 10

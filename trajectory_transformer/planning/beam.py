@@ -40,6 +40,7 @@ from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.model import fused
 from trajectory_transformer.model.captured import CapturedCall
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
@@ -158,6 +159,8 @@ class BeamPlanner:
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
+        if c.decode == "fused" and (reason := fused.unavailable_reason(self.model)) is not None:
+            raise ValueError(f"planner.decode=fused cannot run here: {reason}")
         # What is captured as a CUDA graph: nothing off CUDA.
         self.cuda_graph = self.config.cuda_graph if self.device.type == "cuda" else "none"
         # Captured or compiled decode steps and searches by shape, over `_cache`'s buffers.
@@ -485,7 +488,10 @@ class BeamPlanner:
     def _step(self, cache: SharedPrefixKVCache) -> Callable:
         """The decode step as `decode` computes it, uncaptured. Where something is captured,
         the PyTorch step with a device-held position (`static_decoder`); otherwise
-        `model.decoder`, which takes the native kernels on the CPU."""
+        `model.decoder`, which takes the native kernels on the CPU; with `decode=fused`, the
+        Triton kernels, captured or not."""
+        if self.config.decode == "fused":
+            return fused.decoder(self.model, cache)
         if self.config.decode == "compile":
             key = ("compiled step", cache.groups)
             return self._captured(key, lambda: _compile_step(self.model.static_decoder(cache)))

@@ -64,9 +64,10 @@ class PlannerConfig:
     been trained on the model's dataset."""
     decode: str = "eager"
     """How the model computes each planned token: `eager`, operator by operator as written (on
-    the CPU the native kernels where they build, else PyTorch); or `compile`, the PyTorch step
-    through `torch.compile` (fused kernels; tens of seconds to compile once per shape). Both
-    plan the same, up to float rounding."""
+    the CPU the native kernels where they build, else PyTorch); `compile`, the PyTorch step
+    through `torch.compile` (fused kernels; tens of seconds to compile once per shape); or
+    `fused`, on CUDA, one Triton kernel per transformer block (`model/fused.py`; compiled in
+    seconds, once). All plan the same, up to float rounding."""
     cuda_graph: str = "step"
     """On CUDA, what is captured once as a CUDA graph and replayed: `none`; `step`, the decode
     step, per number of planned envs; or `search`, the whole search after the context's prefill
@@ -80,7 +81,7 @@ class PlannerConfig:
     TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
     VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic")
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
-    DECODES: typing.ClassVar[tuple[str, ...]] = ("eager", "compile")
+    DECODES: typing.ClassVar[tuple[str, ...]] = ("eager", "compile", "fused")
     CUDA_GRAPHS: typing.ClassVar[tuple[str, ...]] = ("none", "step", "search")
 
     def __post_init__(self) -> None:
@@ -118,7 +119,7 @@ class PlannerConfig:
         if self.value not in self.VALUES:
             raise ValueError(f"planner.value must be model or critic, got {self.value!r}")
         if self.decode not in self.DECODES:
-            raise ValueError(f"planner.decode must be eager or compile, got {self.decode!r}")
+            raise ValueError(f"planner.decode must be eager, compile or fused, got {self.decode!r}")
         if self.cuda_graph not in self.CUDA_GRAPHS:
             raise ValueError(
                 f"planner.cuda_graph must be none, step or search, got {self.cuda_graph!r}"

@@ -1,0 +1,65 @@
+"""The fused decode step (one Triton kernel per block) against the PyTorch step it replaces."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_gpt, tolerance
+
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT, fused
+
+
+@pytest.mark.parametrize(
+    "width, heads, groups, members",
+    [(16, 2, 3, 5), (32, 2, 2, 16)],  # head width 8 (padded to a tile of 16) and 16
+)
+def test_the_fused_step_writes_and_returns_what_the_pytorch_step_does(
+    fused_device, width, heads, groups, members
+):
+    torch.manual_seed(0)
+    config = GPTConfig(
+        observation_dim=3,
+        action_dim=2,
+        n_bins=20,
+        sequence_transitions=4,
+        n_layer=2,
+        n_head=heads,
+        embedding_dim=width,
+        dropout=0.0,
+    )
+    model = TrajectoryGPT(config).eval().to(fused_device)
+    T, copies = config.transition_dim, 2
+    prefix_len = T + config.observation_dim  # a transition and an observation: a value inside
+    caches = [
+        model.new_shared_prefix_cache(groups, members, groups * members * copies, prefix_len, 2 * T)
+        for _ in range(2)
+    ]
+    context = torch.randint(0, 20, (groups, prefix_len), device=fused_device)
+    with torch.no_grad():
+        for cache in caches:
+            model.prefill(context, cache)
+        reference, step = model.static_decoder(caches[0]), fused.decoder(model, caches[1])
+        # Own positions past a value token; some steps on one copy of the rows only.
+        for i in range(T + 2):
+            position = torch.tensor([prefix_len + i], device=fused_device)
+            rows = groups * members * (1 if i % 3 == 0 else copies)
+            tokens = torch.randint(0, 20, (rows,), device=fused_device)
+            torch.testing.assert_close(
+                step(tokens, position), reference(tokens, position), **tolerance(fused_device)
+            )
+    own = [(c.own.keys, c.own.values) for c in caches]
+    torch.testing.assert_close(own[1], own[0], **tolerance(fused_device))
+
+
+def test_the_fused_step_says_why_it_cannot_run(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    model = tiny_gpt()
+    assert "runs on CUDA" in fused.unavailable_reason(model)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "float32" in fused.unavailable_reason(tiny_gpt().double())
+    original = TrajectoryGPT(
+        GPTConfig(observation_dim=3, action_dim=2, n_bins=7, value_sees_itself=False)
+    )
+    assert "value_sees_itself" in fused.unavailable_reason(original)
+    with pytest.raises(ValueError, match="SharedPrefixKVCache"):
+        fused.decoder(model, model.new_cache(4))

@@ -207,8 +207,10 @@ def tiny_gpt(
     n_bins: int = 7,
     sequence_transitions: int = 3,
     seed: int = 0,
+    embedding_dim: int = 16,
 ):
-    """A 2-layer, 16-wide TrajectoryGPT in eval mode, with seeded random weights."""
+    """A 2-layer, 2-head TrajectoryGPT (16 wide unless told) in eval mode, with seeded random
+    weights."""
     import torch
 
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
@@ -221,7 +223,7 @@ def tiny_gpt(
         sequence_transitions=sequence_transitions,
         n_layer=2,
         n_head=2,
-        embedding_dim=16,
+        embedding_dim=embedding_dim,
         dropout=0.0,
     )
     return TrajectoryGPT(config).eval()

@@ -40,7 +40,7 @@ step() {  # name, time limit in seconds, command...
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
 "$python" -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 
-step tests-cuda 200 "${tests[@]}" -q -p no:cacheprovider "${workers[@]}" -k cuda \
+step tests-cuda 200 "${tests[@]}" -q -p no:cacheprovider "${workers[@]}" -k "cuda or fused" \
     tests/planning/test_cuda.py tests/planning/test_beam.py tests/model/test_kv_cache.py \
     tests/training/test_trainer.py tests/test_checkpoint.py tests/cli/test_eval_cli.py \
     tests/model/test_fused.py

@@ -4,6 +4,8 @@ Plays episodes of a model checkpoint's beam search with `planner.value=critic` (
 the same dataset scores each beam by Q of its last planned transition), one env at a time, and
 records at every step:
 - the critic's V(s_t) of the real state and Q(s_t, a_t) of the executed action;
+- the spread of the final beams' scores (the best minus the worst): how much the critic
+  tells the candidates apart;
 - the Q that the chosen plan gave its last transition, made of imagined states and actions
   H - 1 steps ahead, and the critic's Q of the state (binned, as the plan's states are) and
   action really met at that step (where the episode lasts that long): the gap between the two
@@ -72,6 +74,7 @@ def trace_episode(planner: BeamPlanner, seed: int) -> list[dict]:
             v=float(v[t]),
             q_executed=float(q[t]),
             plan_score=float("nan"),
+            beam_score_spread=float("nan"),
             q_imagined=float("nan"),
             q_real=float("nan"),
         )
@@ -79,7 +82,9 @@ def trace_episode(planner: BeamPlanner, seed: int) -> list[dict]:
     ]
     for t, snapshot in record.plans.items():
         best = snapshot.best
-        rows[t]["plan_score"] = float(snapshot.plan.scores[0, best])
+        scores = snapshot.plan.scores[0]
+        rows[t]["plan_score"] = float(scores[best])
+        rows[t]["beam_score_spread"] = float(scores.max() - scores.min())
         if t + H - 1 < steps:  # the plan's last transition, really met H - 1 steps later
             rows[t]["q_imagined"] = float(snapshot.plan.values[0, best, H - 1])
             rows[t]["q_real"] = float(q_binned[t + H - 1])
@@ -104,6 +109,7 @@ def summarise(rows: list[dict]) -> dict:
         steps_rewarded=int((rewards > 0).sum()),
         v_start=rows[0]["v"],
         v_end=rows[-1]["v"],
+        beam_score_spread_median=float(np.nanmedian([r["beam_score_spread"] for r in rows])),
         imagined_minus_real_mean=float(gap.mean()) if gap.size else float("nan"),
         imagined_minus_real_std=float(gap.std()) if gap.size else float("nan"),
         imagined_real_correlation=ranks,

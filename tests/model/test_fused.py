@@ -47,6 +47,7 @@ def test_the_fused_step_says_why_it_cannot_run(monkeypatch):
     assert "runs on CUDA" in fused.unavailable_reason(model)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "float32" in fused.unavailable_reason(tiny_gpt().double())
+    assert "model.eval()" in fused.unavailable_reason(tiny_gpt().train())
     original = TrajectoryGPT(
         GPTConfig(observation_dim=3, action_dim=2, n_bins=7, value_sees_itself=False)
     )

@@ -53,6 +53,8 @@ def interpreted() -> bool:
 def unavailable_reason(model: TrajectoryGPT) -> str | None:
     """Why the fused step cannot decode `model`, or None if it can."""
     p = model.head_weight
+    if model.training:
+        return "it decodes for inference, without dropout; call model.eval() first"
     if p.dtype != torch.float32:
         return f"it computes in float32, and the model is {p.dtype}"
     if not model.config.value_sees_itself:

@@ -50,7 +50,7 @@ def test_the_fused_step_says_why_it_cannot_run(monkeypatch):
     assert "model.eval()" in fused.unavailable_reason(tiny_gpt().train())
     original = TrajectoryGPT(
         GPTConfig(observation_dim=3, action_dim=2, n_bins=7, value_sees_itself=False)
-    )
+    ).eval()
     assert "value_sees_itself" in fused.unavailable_reason(original)
     with pytest.raises(ValueError, match="SharedPrefixKVCache"):
         fused.decoder(model, model.new_cache(4))

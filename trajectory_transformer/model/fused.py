@@ -119,6 +119,7 @@ def decoder(
     prefix_capacity, own_capacity = cache.prefix.max_len, cache.own.max_len
 
     def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        tokens = tokens.contiguous()  # the kernel reads row r's token at offset r
         rows = tokens.shape[0]
         layout = cache.layout
         layout.copies(rows)  # raises unless whole copies: shapes only, no sync

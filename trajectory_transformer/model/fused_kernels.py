@@ -20,6 +20,16 @@ def layer_norm(x, weight_ptr, bias_ptr, cols, col_ok, C, eps):
 
 
 @triton.jit
+def load_matrix(ptr, rows, cols, row_ok, col_ok, stride):
+    """The tile [rows, cols] of a row-major matrix of `stride` columns at `ptr`, 0 outside."""
+    return tl.load(
+        ptr + rows[:, None] * stride + cols[None, :],
+        mask=row_ok[:, None] & col_ok[None, :],
+        other=0.0,
+    )
+
+
+@triton.jit
 def attend_tile(q, m_i, l_i, acc, k_ptr, v_ptr, offsets, load_ok, visible, scale):
     """One tile of keys and values (R, K, HSP) at `offsets` in the online softmax of the
     queries q (R, HSP); `visible` (R, K) or (1, K) masks the scores."""
@@ -109,17 +119,14 @@ def block_kernel(
     group = (rows // MEMBERS) % GROUPS  # the prefix this row continues
     hcols = tl.arange(0, HSP)
     h_ok = hcols < HS
-    w_ok = col_ok[:, None] & h_ok[None, :]
     kidx = tl.arange(0, KB)
     head_tile = row_ok[:, None] & h_ok[None, :]
     attn = tl.zeros((BR, CP), dtype=tl.float32)
     for head in tl.static_range(NH):
         out = head * HS + hcols
-        wq = tl.load(w_attn + cols[:, None] * (3 * C) + out[None, :], mask=w_ok, other=0.0)
-        wk = tl.load(w_attn + cols[:, None] * (3 * C) + (C + out)[None, :], mask=w_ok, other=0.0)
-        wv = tl.load(
-            w_attn + cols[:, None] * (3 * C) + (2 * C + out)[None, :], mask=w_ok, other=0.0
-        )
+        wq = load_matrix(w_attn, cols, out, col_ok, h_ok, 3 * C)  # (CP, HSP)
+        wk = load_matrix(w_attn + C, cols, out, col_ok, h_ok, 3 * C)
+        wv = load_matrix(w_attn + 2 * C, cols, out, col_ok, h_ok, 3 * C)
         q = tl.dot(h, wq, input_precision="ieee")
         q += tl.load(b_attn + out, mask=h_ok, other=0.0)[None, :]
         k = tl.dot(h, wk, input_precision="ieee")
@@ -154,11 +161,7 @@ def block_kernel(
                 q, m_i, l_i, acc, own_k, own_v, offsets, load_ok, visible[None, :], scale
             )
         y = acc / l_i[:, None]  # (BR, HSP)
-        wp = tl.load(
-            w_proj + out[:, None] * C + cols[None, :],
-            mask=h_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
+        wp = load_matrix(w_proj, out, cols, h_ok, col_ok, C)  # (HSP, CP)
         attn += tl.dot(y, wp, input_precision="ieee")
     x += attn + tl.load(b_proj + cols, mask=col_ok, other=0.0)[None, :]
 
@@ -169,19 +172,11 @@ def block_kernel(
     for start in tl.static_range(0, HIDP, HB):
         hid = start + hb
         hid_ok = hid < HID
-        wf = tl.load(
-            w_fc + cols[:, None] * HID + hid[None, :],
-            mask=col_ok[:, None] & hid_ok[None, :],
-            other=0.0,
-        )
+        wf = load_matrix(w_fc, cols, hid, col_ok, hid_ok, HID)  # (CP, HB)
         u = tl.dot(h, wf, input_precision="ieee")
         u += tl.load(b_fc + hid, mask=hid_ok, other=0.0)[None, :]
         u = 0.5 * u * (1.0 + tl.erf(u * 0.7071067811865476))  # exact GELU, as F.gelu
-        wo = tl.load(
-            w_out + hid[:, None] * C + cols[None, :],
-            mask=hid_ok[:, None] & col_ok[None, :],
-            other=0.0,
-        )
+        wo = load_matrix(w_out, hid, cols, hid_ok, col_ok, C)  # (HB, CP)
         mlp += tl.dot(u, wo, input_precision="ieee")
     x += mlp + tl.load(b_out + cols, mask=col_ok, other=0.0)[None, :]
 
@@ -190,11 +185,7 @@ def block_kernel(
         bins = tl.arange(0, NP)
         bin_ok = bins < N
         dim = position % T  # this position's head
-        weight = tl.load(
-            head_w + (dim * C + cols[:, None]) * N + bins[None, :],
-            mask=col_ok[:, None] & bin_ok[None, :],
-            other=0.0,
-        )
+        weight = load_matrix(head_w + dim * C * N, cols, bins, col_ok, bin_ok, N)  # (CP, NP)
         logits = tl.dot(f, weight, input_precision="ieee")
         logits += tl.load(head_b + dim * N + bins, mask=bin_ok, other=0.0)[None, :]
         tl.store(

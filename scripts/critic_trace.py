@@ -44,9 +44,10 @@ def planner_settings(checkpoint: str, critic: str, overrides: list[str]) -> dict
     return OmegaConf.to_container(cfg.planner, resolve=True)
 
 
-def trace_episode(planner: BeamPlanner, seed: int) -> list[dict]:
+def trace_episode(planner: BeamPlanner, seed: int, max_episode_steps: int | None = None):
     """One episode's rows: the critic's values of what was real and what was planned."""
-    thunk = make_env(planner.dataset)
+    limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
+    thunk = make_env(planner.dataset, **limit)
     env = thunk()
     longest = env.spec.max_episode_steps or 10_000  # every step's search is kept
     env.close()
@@ -163,6 +164,9 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0, help="first episode seed")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--max-episode-steps", type=int, default=None, help="cut episodes here (default: the env's)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="tt-eval planner overrides (planner=paper)")
     args = parser.parse_args()
@@ -171,7 +175,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     traces, summaries = {}, []
     for seed in range(args.seed, args.seed + args.episodes):
-        traces[seed] = trace_episode(planner, seed)
+        traces[seed] = trace_episode(planner, seed, args.max_episode_steps)
         summaries.append(summarise(traces[seed]))
         print(json.dumps(summaries[-1]), flush=True)
     with open(args.out / "trace.csv", "w", newline="") as f:

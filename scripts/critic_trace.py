@@ -44,14 +44,19 @@ def planner_settings(checkpoint: str, critic: str, overrides: list[str]) -> dict
     return OmegaConf.to_container(cfg.planner, resolve=True)
 
 
-def trace_episode(planner: BeamPlanner, seed: int, max_episode_steps: int | None = None):
-    """One episode's rows: the critic's values of what was real and what was planned."""
+def episode_env(planner: BeamPlanner, max_episode_steps: int | None = None):
+    """The env thunk of the planner's dataset, and the most steps an episode of it plays."""
     limit = {} if max_episode_steps is None else {"max_episode_steps": max_episode_steps}
     thunk = make_env(planner.dataset, **limit)
     env = thunk()
-    longest = env.spec.max_episode_steps or 10_000  # every step's search is kept
+    longest = env.spec.max_episode_steps or 10_000
     env.close()
-    record = record_episode(planner, thunk, seed=seed, plan_steps=range(longest))
+    return thunk, longest
+
+
+def trace_episode(planner: BeamPlanner, thunk, longest: int, seed: int):
+    """One episode's rows: the critic's values of what was real and what was planned."""
+    record = record_episode(planner, thunk, seed=seed, plan_steps=range(longest))  # every search
     critic, H = planner.critic, planner.config.horizon
     device = planner.device
     observations = torch.as_tensor(
@@ -173,9 +178,10 @@ def main() -> None:
     settings = planner_settings(args.checkpoint, args.critic, args.overrides)
     planner = BeamPlanner.from_checkpoint(args.checkpoint, device=args.device, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
+    thunk, longest = episode_env(planner, args.max_episode_steps)
     traces, summaries = {}, []
     for seed in range(args.seed, args.seed + args.episodes):
-        traces[seed] = trace_episode(planner, seed, args.max_episode_steps)
+        traces[seed] = trace_episode(planner, thunk, longest, seed)
         summaries.append(summarise(traces[seed]))
         print(json.dumps(summaries[-1]), flush=True)
     with open(args.out / "trace.csv", "w", newline="") as f:

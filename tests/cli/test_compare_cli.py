@@ -1,9 +1,13 @@
 """`tt-compare` end to end on a tiny dataset, with Hydra's local launchers."""
 
+import fcntl
 import json
+import threading
 
 import pytest
 from conftest import TINY_TRAINING, create_dataset, run_module
+
+from trajectory_transformer.cli.compare import run_job
 
 
 def hydra_list(overrides: list[str]) -> str:
@@ -135,3 +139,57 @@ def test_four_agents_with_critics_train_each_seed_once_and_resume(tmp_path):
     assert "interim0-eval: 1 eval jobs" in again.stdout
     assert {path: path.stat().st_mtime_ns for path in kept} == kept
     assert json.loads((tmp_path / "compare.json").read_text())["finished"]
+
+
+def test_comparisons_given_one_trainings_dir_train_what_they_share_once(tmp_path):
+    """A second comparison on the same dataset and training overrides, with other agents,
+    finds the first one's model in the shared folder and only evaluates."""
+    create_dataset("test/tiny-v0")
+    shared = tmp_path / "trainings"
+    first = run_module(
+        "trajectory_transformer.cli.compare",
+        *TINY_COMPARISON,
+        f"trainings_dir={shared}",
+        f"hydra.run.dir={tmp_path / 'first'}",
+        timeout=300,
+    )
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert f"models and critics in {shared}" in first.stdout
+    (model,) = shared.glob("trainings/*/seed0/checkpoint.pt")
+    assert not (tmp_path / "first" / "trainings").exists()
+    trained = model.stat().st_mtime_ns
+    second = run_module(
+        "trajectory_transformer.cli.compare",
+        *TINY_COMPARISON,
+        'compare.agents.planner.eval=["planner.beam_width=1"]',
+        f"trainings_dir={shared}",
+        f"hydra.run.dir={tmp_path / 'second'}",
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "interim0-train:" not in second.stdout  # the model is the first comparison's
+    assert "interim0-eval: 2 eval jobs" in second.stdout
+    assert model.stat().st_mtime_ns == trained
+    results = tmp_path / "second" / "evaluations" / "planner" / "seed0" / "results.json"
+    settings = json.loads(results.read_text())["settings"]
+    assert settings["checkpoint"] == str(model) and settings["planner"]["beam_width"] == 1
+
+
+def test_a_job_waits_for_the_lock_on_its_run_dir_then_skips_what_was_finished(tmp_path):
+    """Two comparisons that share a training: the second job waits while the first holds the
+    run directory, then finds the result and runs nothing."""
+    run_dir = tmp_path / "evaluation"
+    run_dir.mkdir()
+    jobs_file = tmp_path / "jobs.json"
+    job = {"kind": "eval", "args": ["checkpoint=missing.pt"], "run_dir": str(run_dir)}
+    jobs_file.write_text(json.dumps([job]))
+    with open(run_dir / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        waiting = threading.Thread(target=run_job, args=(str(jobs_file), 0))
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive()  # blocked by the lock
+        (run_dir / "results.json").write_text("{}")  # the other run finishes meanwhile
+    waiting.join(timeout=10)
+    assert not waiting.is_alive()
+    assert not (run_dir / "job.log").exists()  # nothing was run

@@ -10,6 +10,7 @@ in its run directory; running the same command again continues it.
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import subprocess
 import sys
@@ -216,15 +217,22 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
 
 def run_job(jobs_file: str, index: int) -> None:
     """Job mode: run job `index` of `jobs_file`, its output in `<run dir>/job.log`. A training
-    (of a model or a critic) that was interrupted continues from its checkpoint."""
+    (of a model or a critic) that was interrupted continues from its checkpoint. The job holds
+    a lock on its run directory: another comparison that shares its trainings waits for it,
+    then finds the training finished."""
     job = Job(**json.loads(Path(jobs_file).read_text())[index])
     folder = Path(job.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    args = job.command()
-    if job.checkpoint is not None and job.checkpoint.is_file():
-        args.append(f"resume={job.checkpoint}")
-    with open(folder / "job.log", "w") as log:
-        done = subprocess.run([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if job.done():
+            print(f"job {index} ({job.kind}) was finished by another run: {folder}")
+            return
+        args = job.command()
+        if job.checkpoint is not None and job.checkpoint.is_file():
+            args.append(f"resume={job.checkpoint}")
+        with open(folder / "job.log", "w") as log:
+            done = subprocess.run([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         print(f"job {index} ({job.kind}) failed with exit code {done.returncode}: {folder}")
 
@@ -261,13 +269,17 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
     check_agents(spec, dataset)
     state = ComparisonState.load_or_start(root, spec)
     decider = Decider(spec, state)
+    trainings_root = root if cfg.trainings_dir is None else Path(cfg.trainings_dir).resolve()
     print(
         f"comparing {', '.join(spec.names)} on {spec.dataset}: n={spec.n} seeds per interim, "
         f"at most K={spec.K} interims, alpha={spec.alpha}; state in {root / 'compare.json'}"
+        + ("" if trainings_root == root else f"; models and critics in {trainings_root}")
     )
     while not decider.finished:
         index = len(state.scores)
-        interim = plan_interim(spec, index, decider.playing(), root, critic_dataset(dataset))
+        interim = plan_interim(
+            spec, index, decider.playing(), root, critic_dataset(dataset), trainings_root
+        )
         critics = sum(job.kind == "critic" for job in interim.trainings)
         print(
             f"interim {index + 1}/{spec.K}: {', '.join(interim.evaluations)} on seeds "

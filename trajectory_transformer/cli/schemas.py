@@ -297,4 +297,8 @@ class CompareJobConfig:
 @dataclass
 class CompareConfig:
     compare: ComparisonConfig = field(default_factory=ComparisonConfig)  # type: ignore[valid-type]
+    trainings_dir: str | None = None
+    """Where the models and critics are trained (`trainings/`, `critics/`); None: the
+    comparison's run directory. Comparisons given the same folder train what they have in
+    common once: the same dataset, training overrides and seed."""
     job: CompareJobConfig = field(default_factory=CompareJobConfig)

@@ -299,10 +299,15 @@ def plan_interim(
     playing: list[str],
     root: Path,
     critic_dataset: Sequence[str] = (),
+    trainings_root: Path | None = None,
 ) -> Interim:
     """The jobs that give every agent in `playing` its `n` scores of interim `index`.
     `critic_dataset`: the tt-train-critic overrides that name the models' dataset (tt-compare
-    reads them from the tt-train config of the comparison's `dataset` and shared `train`)."""
+    reads them from the tt-train config of the comparison's `dataset` and shared `train`).
+    Evaluations run under `root`, trainings under `trainings_root` (by default `root`): a
+    training's folder is named by its overrides and seed, so comparisons that share
+    `trainings_root` share the trainings they have in common."""
+    trainings_root = root if trainings_root is None else trainings_root
     trainings: dict[tuple[str, int], Job] = {}
     evaluations: dict[str, dict[int, Job]] = {}
     wanted = 0
@@ -319,14 +324,14 @@ def plan_interim(
                     job = Job(
                         "train",
                         [*spec.training_overrides(agent), f"seed={own_seed}"],
-                        str(root / "trainings" / key / f"seed{own_seed}"),
+                        str(trainings_root / "trainings" / key / f"seed{own_seed}"),
                     )
                 else:
                     key = spec.critic_key(agent, critic_dataset)
                     job = Job(
                         "critic",
                         [*spec.critic_overrides(agent, critic_dataset), f"seed={own_seed}"],
-                        str(root / "critics" / key / f"seed{own_seed}"),
+                        str(trainings_root / "critics" / key / f"seed{own_seed}"),
                     )
                 trained[need] = trainings.setdefault((key, seed), job).checkpoint
             wanted += len(trained)

@@ -224,7 +224,10 @@ def run_job(jobs_file: str, index: int) -> None:
     folder = Path(job.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some network ones): run unguarded
+            pass
         if job.done():
             print(f"job {index} ({job.kind}) was finished by another run: {folder}")
             return

@@ -9,6 +9,7 @@ in its run directory; running the same command again continues it.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import json
@@ -224,10 +225,8 @@ def run_job(jobs_file: str, index: int) -> None:
     folder = Path(job.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
-        try:
+        with contextlib.suppress(OSError):  # a file system without locks: run unguarded
             fcntl.flock(lock, fcntl.LOCK_EX)
-        except OSError:  # a file system without locks (some network ones): run unguarded
-            pass
         if job.done():
             print(f"job {index} ({job.kind}) was finished by another run: {folder}")
             return

@@ -300,5 +300,6 @@ class CompareConfig:
     trainings_dir: str | None = None
     """Where the models and critics are trained (`trainings/`, `critics/`); None: the
     comparison's run directory. Comparisons given the same folder train what they have in
-    common once: the same dataset, training overrides and seed."""
+    common once: the same dataset, training overrides and seed. Continue a comparison with
+    the folder it started with, or it trains its models again."""
     job: CompareJobConfig = field(default_factory=CompareJobConfig)

@@ -1,5 +1,6 @@
 """`tt-compare` end to end on a tiny dataset, with Hydra's local launchers."""
 
+import csv
 import fcntl
 import json
 import threading
@@ -128,6 +129,15 @@ def test_four_agents_with_critics_train_each_seed_once_and_resume(tmp_path):
     assert settings["planner_critic"]["planner"]["critic"] == str(critic)
     assert settings["planner_critic"]["planner"]["value"] == "critic"
     assert settings["planner"]["planner"]["value"] == "model"
+    # What each agent cost per seed: the trainings it used, its evaluation, its planning.
+    with open(tmp_path / "agents.csv") as file:
+        costs = {row["name"]: row for row in csv.DictReader(file)}
+    for agent, needs in {"bc": "model", "planner_critic": "model critic", "iql": "critic"}.items():
+        for need in ("model", "critic"):
+            assert (costs[agent][f"{need}_minutes"] != "") == (need in needs), (agent, need)
+        assert float(costs[agent]["evaluation_minutes"]) > 0
+    assert float(costs["planner_critic"]["planning_ms"]) > 0
+    assert "| model training (min) | critic training (min) |" in result.stdout
 
     # Lost: the state and one evaluation. The trainings and the other evaluations stay.
     (tmp_path / "compare.json").unlink()

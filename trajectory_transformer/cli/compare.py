@@ -307,16 +307,24 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         state.save(root)
         undecided = [pair for pair, d in state.decisions.items() if d == "continue"]
         print(f"after interim {index + 1}: {len(undecided)} comparisons undecided", flush=True)
-    report(spec, state, root)
+    costs: dict[str, dict[str, dict]] = {}
+    for index, played in enumerate(state.scores):  # each interim's jobs, planned again
+        interim = plan_interim(
+            spec, index, list(played), root, critic_dataset(dataset), trainings_root
+        )
+        for agent, by_seed in interim.costs().items():
+            costs.setdefault(agent, {}).update(by_seed)
+    report(spec, state, root, costs)
     state.save(root)
     return state
 
 
-def report(spec: ComparisonSpec, state: ComparisonState, root: Path) -> None:
-    """The decisions and per-agent statistics: markdown here, CSV and figures in `root`."""
+def report(spec: ComparisonSpec, state: ComparisonState, root: Path, costs: dict) -> None:
+    """The decisions and per-agent statistics and costs (`Interim.costs` of every interim):
+    markdown here, CSV and figures in `root`."""
     from trajectory_transformer import viz  # matplotlib only here
 
-    agents, rows = summarize(spec, state)
+    agents, rows = summarize(spec, state, costs=costs)
     print(decisions_markdown(rows, state.normalized, state.reference))
     print(agents_markdown(agents))
     print(

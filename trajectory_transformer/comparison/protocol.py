@@ -278,9 +278,20 @@ class Job:
             return (Path(self.run_dir) / "results.json").is_file()
         if not checkpoint.is_file():
             return False
-        read = read_payload if self.kind == "train" else read_critic_payload
-        training = read(checkpoint)["training"]
+        training = self._training_state(checkpoint)
         return bool(training and training.get("finished"))
+
+    def training_seconds(self) -> float | None:
+        """The wall time of a finished training, over all its resumes; None for an evaluation."""
+        checkpoint = self.checkpoint
+        if checkpoint is None or not checkpoint.is_file():
+            return None
+        training = self._training_state(checkpoint) or {}
+        return training.get("elapsed_seconds")
+
+    def _training_state(self, checkpoint: Path) -> dict | None:
+        read = read_payload if self.kind == "train" else read_critic_payload
+        return read(checkpoint)["training"]
 
 
 @dataclass
@@ -291,6 +302,27 @@ class Interim:
     trainings: list[Job]
     evaluations: dict[str, dict[int, Job]]  # agent -> seed -> job
     shared: int  # trainings saved by sharing checkpoints between agents
+    uses: dict[str, dict[int, dict[str, Job]]] = field(default_factory=dict)
+    """agent -> seed -> need (model, critic) -> the training its evaluation uses."""
+
+    def costs(self) -> dict[str, dict[str, dict[str, float | None]]]:
+        """agent -> seed -> what its score cost: the wall time of the model's and the
+        critic's trainings (seconds, shared ones counted for each agent that uses them), of the
+        evaluation, and its planning per env-step (ms); None for what is not on disk."""
+        costs: dict[str, dict[str, dict[str, float | None]]] = {}
+        for agent, jobs in self.evaluations.items():
+            costs[agent] = {}
+            for seed, job in jobs.items():
+                path = Path(job.run_dir) / "results.json"
+                results = json.loads(path.read_text()) if path.is_file() else {}
+                used = self.uses.get(agent, {}).get(seed, {})
+                costs[agent][str(seed)] = {
+                    **{f"{need}_s": None for need in NEEDS},
+                    **{f"{need}_s": training.training_seconds() for need, training in used.items()},
+                    "evaluation_s": results.get("wall_seconds"),
+                    "planning_ms": results.get("ms_per_env_step"),
+                }
+        return costs
 
 
 def plan_interim(
@@ -310,14 +342,17 @@ def plan_interim(
     trainings_root = root if trainings_root is None else trainings_root
     trainings: dict[tuple[str, int], Job] = {}
     evaluations: dict[str, dict[int, Job]] = {}
+    uses: dict[str, dict[int, dict[str, Job]]] = {}
     wanted = 0
     for agent in spec.agents:
         if agent.name not in playing:
             continue
         evaluations[agent.name] = {}
+        uses[agent.name] = {}
         for seed in spec.seeds(index):
             own_seed = spec.seed_of(agent, seed)
             trained: dict[str, Path] = {}  # need -> the file its training writes
+            uses[agent.name][seed] = {}
             for need in agent.needs:
                 if need == "model":
                     key = spec.training_key(agent)
@@ -333,7 +368,8 @@ def plan_interim(
                         [*spec.critic_overrides(agent, critic_dataset), f"seed={own_seed}"],
                         str(trainings_root / "critics" / key / f"seed{own_seed}"),
                     )
-                trained[need] = trainings.setdefault((key, seed), job).checkpoint
+                uses[agent.name][seed][need] = trainings.setdefault((key, seed), job)
+                trained[need] = uses[agent.name][seed][need].checkpoint
             wanted += len(trained)
             if "model" in trained:
                 checkpoints = [f"checkpoint={trained['model']}"]
@@ -354,7 +390,7 @@ def plan_interim(
                 ],
                 str(root / "evaluations" / agent.name / f"seed{seed}"),
             )
-    return Interim(index, list(trainings.values()), evaluations, wanted - len(trainings))
+    return Interim(index, list(trainings.values()), evaluations, wanted - len(trainings), uses)
 
 
 def read_score(job: Job) -> tuple[float, bool]:
@@ -519,20 +555,44 @@ class AgentSummary:
     iqm: float
     iqm_low: float
     iqm_high: float
+    model_minutes: float | None = None
+    """Medians over its seeds: the wall time of a model's training, of a critic's, of an
+    evaluation, and the planning per env-step; None where the agent has none."""
+    critic_minutes: float | None = None
+    evaluation_minutes: float | None = None
+    planning_ms: float | None = None
 
 
 def summarize(
-    spec: ComparisonSpec, state: ComparisonState, reps: int = 2000
+    spec: ComparisonSpec,
+    state: ComparisonState,
+    reps: int = 2000,
+    costs: dict[str, dict[str, dict[str, float | None]]] | None = None,
 ) -> tuple[list[AgentSummary], list[dict]]:
-    """Per agent: mean, IQM and its 95% stratified-bootstrap interval over training seeds;
-    per comparison: the means, their difference, the decision, the interims it took and the
-    probability that the first agent improves on the second."""
+    """Per agent: mean, IQM and its 95% stratified-bootstrap interval over training seeds,
+    and the medians of its `costs` (`Interim.costs`) where given; per comparison: the means,
+    their difference, the decision, the interims it took and the probability that the first
+    agent improves on the second."""
     values = state.values(spec.names)
     agents = []
     for name in spec.names:
         scores = values[name]
         low, high = stratified_bootstrap_ci(scores, iqm, reps=reps, seed=spec.seed)
-        agents.append(AgentSummary(name, len(scores), mean(scores), iqm(scores), low, high))
+        seeds = list((costs or {}).get(name, {}).values())
+        agents.append(
+            AgentSummary(
+                name,
+                len(scores),
+                mean(scores),
+                iqm(scores),
+                low,
+                high,
+                model_minutes=median_of(seeds, "model_s", 1 / 60),
+                critic_minutes=median_of(seeds, "critic_s", 1 / 60),
+                evaluation_minutes=median_of(seeds, "evaluation_s", 1 / 60),
+                planning_ms=median_of(seeds, "planning_ms"),
+            )
+        )
     rows = []
     for i, j in spec.pairs():
         a, b = spec.names[i], spec.names[j]
@@ -549,6 +609,12 @@ def summarize(
             }
         )
     return agents, rows
+
+
+def median_of(costs: list[dict], key: str, scale: float = 1.0) -> float | None:
+    """The median of `key` over the seeds' costs that have it, times `scale`; None if none do."""
+    values = [cost[key] for cost in costs if cost.get(key) is not None]
+    return float(np.median(values)) * scale if values else None
 
 
 def decisions_markdown(rows: list[dict], normalized: bool, reference: dict | None = None) -> str:
@@ -575,8 +641,21 @@ def decisions_markdown(rows: list[dict], normalized: bool, reference: dict | Non
 
 
 def agents_markdown(agents: list[AgentSummary]) -> str:
-    lines = ["| agent | seeds | mean | IQM | IQM 95% CI |", "|---|---|---|---|---|"]
+    """Scores per agent, and what a seed cost (medians; `-` where the agent has none)."""
+    lines = [
+        "| agent | seeds | mean | IQM | IQM 95% CI | model training (min) | critic training (min) "
+        "| evaluation (min) | planning per env-step (ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def shown(value: float | None, digits: int) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
     for a in agents:
         interval = f"[{a.iqm_low:.1f}, {a.iqm_high:.1f}]"
-        lines.append(f"| {a.name} | {a.seeds} | {a.mean:.1f} | {a.iqm:.1f} | {interval} |")
+        lines.append(
+            f"| {a.name} | {a.seeds} | {a.mean:.1f} | {a.iqm:.1f} | {interval} | "
+            f"{shown(a.model_minutes, 1)} | {shown(a.critic_minutes, 1)} | "
+            f"{shown(a.evaluation_minutes, 1)} | {shown(a.planning_ms, 1)} |"
+        )
     return "\n".join(lines)

@@ -20,7 +20,7 @@ import torch
 from trajectory_transformer import suites
 from trajectory_transformer.data.minari_source import DatasetError, load_episodes, load_minari
 from trajectory_transformer.scores import normalized_score
-from trajectory_transformer.suites import collect, pendulum, pointmaze, reacher
+from trajectory_transformer.suites import collect, double_pendulum, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.actors import GaussianActor
 from trajectory_transformer.suites.locomotion import HOPPER as hopper
 from trajectory_transformer.suites.locomotion import WALKER2D as walker2d
@@ -93,6 +93,18 @@ SPECS = {
         ("SAC", "noise", "4 episodes", "mean return", "normalised score", "base seed 3"),
         1e-8,
         None,  # untrained actors here: no ranking
+    ),
+    "double_pendulum": Spec(
+        double_pendulum.SUITE,
+        {"inverteddoublependulum/medium-v0"},
+        "inverteddoublependulum/medium-v0",
+        (9, np.float64),
+        (1, 1.0),
+        1000,
+        False,
+        ("InvertedDoublePendulum-v5", "4 episodes", "mean return", "normalised score", "seed 3"),
+        1e-8,
+        (200.0, 9000.0),  # typical: 41 and 9,360
     ),
 }
 
@@ -317,8 +329,14 @@ def test_training_builds_it_on_first_use(spec, monkeypatch):
 
 
 def test_the_registry_holds_every_suite():
-    assert suites.SUITES[:4] == (pendulum.SUITE, reacher.SUITE, hopper.suite, walker2d.suite)
-    assert suites.SUITES[4:] == pointmaze.SUITES
+    assert suites.SUITES[:5] == (
+        pendulum.SUITE,
+        reacher.SUITE,
+        hopper.suite,
+        walker2d.suite,
+        double_pendulum.SUITE,
+    )
+    assert suites.SUITES[5:] == pointmaze.SUITES
     mazes = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}  # tests/suites/test_pointmaze.py
     assert set(suites.EMBEDDED_DATASETS) == set().union(mazes, *(s.ids for s in SPECS.values()))
     assert suites.EMBEDDED_DATASETS["reacher/medium-v0"].startswith("Reacher-v5")

@@ -6,6 +6,8 @@ metadata: :mod:`~trajectory_transformer.suites.pendulum` (``pendulum/*``, ``Pend
 :mod:`~trajectory_transformer.suites.reacher` (``reacher/*``, ``Reacher-v5``) from scripted
 controllers, :mod:`~trajectory_transformer.suites.locomotion` (``hopper/*``, ``Hopper-v5``;
 ``walker2d/*``, ``Walker2d-v5``) from shipped SAC actors,
+:mod:`~trajectory_transformer.suites.double_pendulum` (``inverteddoublependulum/*``,
+``InvertedDoublePendulum-v5``, terminating) from an LQR controller,
 :mod:`~trajectory_transformer.suites.pointmaze` (``pointmaze/*``, gymnasium-robotics'
 PointMaze, Dict observations with goals; one suite per maze) from D4RL's maze2d waypoint
 controller. Callers (``load_minari``, ``tt-collect``) go through this module only.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import minari
 
-from trajectory_transformer.suites import locomotion, pendulum, pointmaze, reacher
+from trajectory_transformer.suites import double_pendulum, locomotion, pendulum, pointmaze, reacher
 from trajectory_transformer.suites.collect import Suite
 
 __all__ = ["EMBEDDED_DATASETS", "SUITES", "build_embedded_dataset", "is_embedded", "suite_of"]
@@ -25,6 +27,7 @@ SUITES: tuple[Suite, ...] = (
     reacher.SUITE,
     locomotion.HOPPER.suite,
     locomotion.WALKER2D.suite,
+    double_pendulum.SUITE,
     *pointmaze.SUITES,
 )
 

@@ -51,6 +51,18 @@ def env_name(env: Env) -> str:
 
 
 @dataclass(frozen=True)
+class UniformRandom:
+    """The uniform random policy's actions: ``(n, rng) -> (n, dim)`` float32 in
+    ``[-bound, bound]``."""
+
+    dim: int
+    bound: float = 1.0
+
+    def __call__(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.uniform(-self.bound, self.bound, size=(n, self.dim)).astype(np.float32)
+
+
+@dataclass(frozen=True)
 class EpsilonRandomExpert:
     """``expert``, replaced by ``random`` with probability ``epsilon`` each step.
 

@@ -142,9 +142,8 @@ def expert_action(obs: np.ndarray) -> np.ndarray:
     return np.clip(-state @ lqr_gain().T, -1.0, 1.0).astype(np.float32)
 
 
-def random_action(n: int, rng: np.random.Generator) -> np.ndarray:
-    """``(n, 1)`` float32 actions drawn uniformly from ``[-1, 1]``."""
-    return rng.uniform(-1.0, 1.0, size=(n, 1)).astype(np.float32)
+random_action = collect.UniformRandom(1)
+"""``(n, rng) -> (n, 1)`` float32 actions drawn uniformly from ``[-1, 1]``."""
 
 
 def epsilon_random_expert(epsilon: float) -> collect.EpsilonRandomExpert:

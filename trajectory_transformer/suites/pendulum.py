@@ -167,9 +167,8 @@ def expert_action(obs: np.ndarray) -> np.ndarray:
     return np.clip(torque, -MAX_TORQUE, MAX_TORQUE).astype(np.float32)[:, None]
 
 
-def random_action(n: int, rng: np.random.Generator) -> np.ndarray:
-    """``(n, 1)`` float32 torques drawn uniformly from ``[-2, 2]``."""
-    return rng.uniform(-MAX_TORQUE, MAX_TORQUE, size=(n, 1)).astype(np.float32)
+random_action = collect.UniformRandom(1, MAX_TORQUE)
+"""``(n, rng) -> (n, 1)`` float32 torques drawn uniformly from ``[-2, 2]``."""
 
 
 def epsilon_random_expert(epsilon: float | np.ndarray) -> collect.EpsilonRandomExpert:

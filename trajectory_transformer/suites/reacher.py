@@ -152,9 +152,8 @@ def expert_action(obs: np.ndarray) -> np.ndarray:
     return np.clip(command, -1.0, 1.0).astype(np.float32)
 
 
-def random_action(n: int, rng: np.random.Generator) -> np.ndarray:
-    """``(n, 2)`` float32 actions drawn uniformly from ``[-1, 1]``."""
-    return rng.uniform(-1.0, 1.0, size=(n, _ACT_DIM)).astype(np.float32)
+random_action = collect.UniformRandom(_ACT_DIM)
+"""``(n, rng) -> (n, 2)`` float32 actions drawn uniformly from ``[-1, 1]``."""
 
 
 def epsilon_random_expert(epsilon: float) -> collect.EpsilonRandomExpert:

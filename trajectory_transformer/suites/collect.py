@@ -505,3 +505,19 @@ def describe_fixed_length(collected: Collected, builder: str, expert: str) -> st
         f"{low:.1f}: uniform random policy; ref_max_score {high:.1f}: {expert}; "
         f"{collected.reference_episodes} evaluation episodes each)."
     )
+
+
+def describe_terminating(collected: Collected, expert: str = "expert") -> str:
+    """The start of the description of a dataset whose episodes may end by a fall: its policy,
+    episodes, transitions and falls, mean return, normalised score and reference policies (the
+    suite adds its own details after it)."""
+    low, high = collected.ref_scores
+    episodes = collected.episodes
+    falls = sum(bool(t[-1]) for t in episodes.terminations)
+    return (
+        f"{collected.dataset.summary} {len(episodes)} episodes, {episodes.transitions} "
+        f"transitions ({falls} ending by a fall), mean return {collected.mean_return:.1f}, "
+        f"normalised score {collected.score:.1f} (reference scores over "
+        f"{collected.reference_episodes} episodes: uniform random {low:.1f}, {expert} "
+        f"{high:.1f})"
+    )

@@ -178,15 +178,9 @@ def reference_scores(seed: int = 0, episodes: int = REFERENCE_EPISODES) -> tuple
 
 
 def describe(collected: collect.Collected) -> str:
-    low, high = collected.ref_scores
-    episodes = collected.episodes
-    falls = sum(bool(t[-1]) for t in episodes.terminations)
     return (
-        f"{collected.dataset.summary} {len(episodes)} episodes, {episodes.transitions} "
-        f"transitions ({falls} ending by a fall), mean return {collected.mean_return:.1f}, "
-        f"normalised score {collected.score:.1f} (reference scores over "
-        f"{collected.reference_episodes} episodes: uniform random {low:.1f}, LQR expert "
-        f"{high:.1f}); built by {__name__} (seed {collected.seed})."
+        f"{collect.describe_terminating(collected, expert='LQR expert')}; built by {__name__} "
+        f"(seed {collected.seed})."
     )
 
 

@@ -141,20 +141,14 @@ class Locomotion:
         return self._references[seed, episodes]
 
     def describe(self, collected: collect.Collected) -> str:
-        low, high = collected.ref_scores
-        episodes = collected.episodes
         kinds = collected.dataset.kinds
         noise = (
             ", ".join(f"{k} {NOISE[k]}" for k in kinds) if len(kinds) > 1 else str(NOISE[kinds[0]])
         )
-        falls = sum(bool(t[-1]) for t in episodes.terminations)
         return (
-            f"{collected.dataset.summary} {len(episodes)} episodes, {episodes.transitions} "
-            f"transitions ({falls} ending by a fall), mean return {collected.mean_return:.1f}, "
-            f"normalised score {collected.score:.1f} (reference scores over "
-            f"{collected.reference_episodes} episodes: uniform random {low:.1f}, expert "
-            f"{high:.1f}); action noise {noise}, base seed {collected.seed}. Behaviour "
-            f"policies: trajectory_transformer/suites/policies/{self.task} (SAC)."
+            f"{collect.describe_terminating(collected)}; action noise {noise}, base seed "
+            f"{collected.seed}. Behaviour policies: "
+            f"trajectory_transformer/suites/policies/{self.task} (SAC)."
         )
 
     @property

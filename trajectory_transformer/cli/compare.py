@@ -272,6 +272,7 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
     state = ComparisonState.load_or_start(root, spec)
     decider = Decider(spec, state)
     trainings_root = root if cfg.trainings_dir is None else Path(cfg.trainings_dir).resolve()
+    critic_data = critic_dataset(dataset)  # tt-train-critic overrides naming the dataset
     print(
         f"comparing {', '.join(spec.names)} on {spec.dataset}: n={spec.n} seeds per interim, "
         f"at most K={spec.K} interims, alpha={spec.alpha}; state in {root / 'compare.json'}"
@@ -279,9 +280,7 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
     )
     while not decider.finished:
         index = len(state.scores)
-        interim = plan_interim(
-            spec, index, decider.playing(), root, critic_dataset(dataset), trainings_root
-        )
+        interim = plan_interim(spec, index, decider.playing(), root, critic_data, trainings_root)
         critics = sum(job.kind == "critic" for job in interim.trainings)
         print(
             f"interim {index + 1}/{spec.K}: {', '.join(interim.evaluations)} on seeds "
@@ -309,9 +308,7 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         print(f"after interim {index + 1}: {len(undecided)} comparisons undecided", flush=True)
     costs: dict[str, dict[str, dict]] = {}
     for index, played in enumerate(state.scores):  # each interim's jobs, planned again
-        interim = plan_interim(
-            spec, index, list(played), root, critic_dataset(dataset), trainings_root
-        )
+        interim = plan_interim(spec, index, list(played), root, critic_data, trainings_root)
         for agent, by_seed in interim.costs().items():
             costs.setdefault(agent, {}).update(by_seed)
     report(spec, state, root, costs)

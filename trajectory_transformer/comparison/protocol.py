@@ -282,7 +282,8 @@ class Job:
         return bool(training and training.get("finished"))
 
     def training_seconds(self) -> float | None:
-        """The wall time of a finished training, over all its resumes; None for an evaluation."""
+        """The wall time a training has taken so far, over all its resumes; None for an
+        evaluation, or a training with no checkpoint yet."""
         checkpoint = self.checkpoint
         if checkpoint is None or not checkpoint.is_file():
             return None
@@ -309,6 +310,7 @@ class Interim:
         """agent -> seed -> what its score cost: the wall time of the model's and the
         critic's trainings (seconds, shared ones counted for each agent that uses them), of the
         evaluation, and its planning per env-step (ms); None for what is not on disk."""
+        seconds = {job.run_dir: job.training_seconds() for job in self.trainings}  # read once
         costs: dict[str, dict[str, dict[str, float | None]]] = {}
         for agent, jobs in self.evaluations.items():
             costs[agent] = {}
@@ -318,7 +320,7 @@ class Interim:
                 used = self.uses.get(agent, {}).get(seed, {})
                 costs[agent][str(seed)] = {
                     **{f"{need}_s": None for need in NEEDS},
-                    **{f"{need}_s": training.training_seconds() for need, training in used.items()},
+                    **{f"{need}_s": seconds[training.run_dir] for need, training in used.items()},
                     "evaluation_s": results.get("wall_seconds"),
                     "planning_ms": results.get("ms_per_env_step"),
                 }

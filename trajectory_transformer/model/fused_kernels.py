@@ -122,7 +122,7 @@ def block_kernel(
     kidx = tl.arange(0, KB)
     head_tile = row_ok[:, None] & h_ok[None, :]
     attn = tl.zeros((BR, CP), dtype=tl.float32)
-    for head in tl.static_range(NH):
+    for head in range(NH):  # a loop, not unrolled: ptxas took minutes over the unrolled kernel
         out = head * HS + hcols
         wq = load_matrix(w_attn, cols, out, col_ok, h_ok, 3 * C)  # (CP, HSP)
         wk = load_matrix(w_attn + C, cols, out, col_ok, h_ok, 3 * C)
@@ -169,7 +169,7 @@ def block_kernel(
     h = layer_norm(x, ln2_w, ln2_b, cols, col_ok, C, eps2)
     mlp = tl.zeros((BR, CP), dtype=tl.float32)
     hb = tl.arange(0, HB)
-    for start in tl.static_range(0, HIDP, HB):
+    for start in range(0, HIDP, HB):
         hid = start + hb
         hid_ok = hid < HID
         wf = load_matrix(w_fc, cols, hid, col_ok, hid_ok, HID)  # (CP, HB)
@@ -182,16 +182,18 @@ def block_kernel(
 
     if LAST:
         f = layer_norm(x, lnf_w, lnf_b, cols, col_ok, C, eps_f)
-        bins = tl.arange(0, NP)
-        bin_ok = bins < N
         dim = position % T  # this position's head
-        weight = load_matrix(head_w + dim * C * N, cols, bins, col_ok, bin_ok, N)  # (CP, NP)
-        logits = tl.dot(f, weight, input_precision="ieee")
-        logits += tl.load(head_b + dim * N + bins, mask=bin_ok, other=0.0)[None, :]
-        tl.store(
-            logits_ptr + rows[:, None] * N + bins[None, :],
-            logits,
-            mask=row_ok[:, None] & bin_ok[None, :],
-        )
+        nb = tl.arange(0, HB)
+        for start in range(0, NP, HB):  # a tile of bins at a time, as the MLP's columns
+            bins = start + nb
+            bin_ok = bins < N
+            weight = load_matrix(head_w + dim * C * N, cols, bins, col_ok, bin_ok, N)  # (CP, HB)
+            logits = tl.dot(f, weight, input_precision="ieee")
+            logits += tl.load(head_b + dim * N + bins, mask=bin_ok, other=0.0)[None, :]
+            tl.store(
+                logits_ptr + rows[:, None] * N + bins[None, :],
+                logits,
+                mask=row_ok[:, None] & bin_ok[None, :],
+            )
     else:
         tl.store(x_ptr + rows[:, None] * C + cols[None, :], x, mask=tile)

@@ -31,7 +31,7 @@ def test_every_dataset_config_is_there():
         for env in ("halfcheetah", "hopper", "walker2d")
         for q in ("simple", "medium", "expert")
     }
-    expected |= {"reacher-medium", "inverteddoublependulum-medium"}
+    expected |= {"reacher-medium", "inverteddoublependulum-medium", "invertedpendulum-medium"}
     expected |= {
         f"{task}-embedded-{q}"
         for task in ("hopper", "walker2d")
@@ -50,7 +50,12 @@ def test_every_dataset_config_composes(name):
         assert cfg.dataset.id == f"{env}/{quality.removeprefix('embedded-')}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
         assert cfg.trainer.max_steps == (8000 if quality.endswith("medium-expert") else 4000)
-    elif env in ("pendulum", "reacher", "inverteddoublependulum"):  # embedded datasets
+    elif env in (
+        "pendulum",
+        "reacher",
+        "inverteddoublependulum",
+        "invertedpendulum",
+    ):  # embedded datasets
         assert cfg.dataset.id == f"{env}/{quality}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
     elif env == "pointmaze":  # embedded; -paper: windows that fit planner=paper

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-from trajectory_transformer.suites import collect, double_pendulum
+from trajectory_transformer.suites import collect, double_pendulum, lqr
 
 
 def rollout(epsilon: float, seeds: np.ndarray) -> collect.Rollout:
@@ -17,7 +17,7 @@ def rollout(epsilon: float, seeds: np.ndarray) -> collect.Rollout:
 
 
 def test_the_lqr_stabilises_the_linearised_step():
-    a, b = double_pendulum._linearised_step()
+    a, b = lqr.linearised_step(double_pendulum.ENV_ID)
     assert max(abs(np.linalg.eigvals(a))) > 1.05  # upright is unstable on its own
     closed = a - b @ double_pendulum.lqr_gain()
     assert max(abs(np.linalg.eigvals(closed))) < 0.99

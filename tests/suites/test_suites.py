@@ -20,7 +20,14 @@ import torch
 from trajectory_transformer import suites
 from trajectory_transformer.data.minari_source import DatasetError, load_episodes, load_minari
 from trajectory_transformer.scores import normalized_score
-from trajectory_transformer.suites import collect, double_pendulum, pendulum, pointmaze, reacher
+from trajectory_transformer.suites import (
+    collect,
+    double_pendulum,
+    inverted_pendulum,
+    pendulum,
+    pointmaze,
+    reacher,
+)
 from trajectory_transformer.suites.actors import GaussianActor
 from trajectory_transformer.suites.locomotion import HOPPER as hopper
 from trajectory_transformer.suites.locomotion import WALKER2D as walker2d
@@ -105,6 +112,18 @@ SPECS = {
         ("InvertedDoublePendulum-v5", "4 episodes", "mean return", "normalised score", "seed 3"),
         1e-8,
         (200.0, 9000.0),  # typical: 41 and 9,360
+    ),
+    "inverted_pendulum": Spec(
+        inverted_pendulum.SUITE,
+        {"invertedpendulum/medium-v0"},
+        "invertedpendulum/medium-v0",
+        (4, np.float64),
+        (1, 3.0),
+        1000,
+        False,
+        ("InvertedPendulum-v5", "4 episodes", "mean return", "normalised score", "seed 3"),
+        1e-8,
+        (20.0, 999.0),  # typical: 5 and 1,000
     ),
 }
 
@@ -329,14 +348,15 @@ def test_training_builds_it_on_first_use(spec, monkeypatch):
 
 
 def test_the_registry_holds_every_suite():
-    assert suites.SUITES[:5] == (
+    assert suites.SUITES[:6] == (
         pendulum.SUITE,
         reacher.SUITE,
         hopper.suite,
         walker2d.suite,
         double_pendulum.SUITE,
+        inverted_pendulum.SUITE,
     )
-    assert suites.SUITES[5:] == pointmaze.SUITES
+    assert suites.SUITES[6:] == pointmaze.SUITES
     mazes = {f"pointmaze/{maze}-v0" for maze in pointmaze.MAZES}  # tests/suites/test_pointmaze.py
     assert set(suites.EMBEDDED_DATASETS) == set().union(mazes, *(s.ids for s in SPECS.values()))
     assert suites.EMBEDDED_DATASETS["reacher/medium-v0"].startswith("Reacher-v5")

@@ -8,6 +8,8 @@ controllers, :mod:`~trajectory_transformer.suites.locomotion` (``hopper/*``, ``H
 ``walker2d/*``, ``Walker2d-v5``) from shipped SAC actors,
 :mod:`~trajectory_transformer.suites.double_pendulum` (``inverteddoublependulum/*``,
 ``InvertedDoublePendulum-v5``, terminating) from an LQR controller,
+:mod:`~trajectory_transformer.suites.inverted_pendulum` (``invertedpendulum/*``,
+``InvertedPendulum-v5``, terminating) from the pole gains of an LQR,
 :mod:`~trajectory_transformer.suites.pointmaze` (``pointmaze/*``, gymnasium-robotics'
 PointMaze, Dict observations with goals; one suite per maze) from D4RL's maze2d waypoint
 controller. Callers (``load_minari``, ``tt-collect``) go through this module only.
@@ -17,7 +19,14 @@ from __future__ import annotations
 
 import minari
 
-from trajectory_transformer.suites import double_pendulum, locomotion, pendulum, pointmaze, reacher
+from trajectory_transformer.suites import (
+    double_pendulum,
+    inverted_pendulum,
+    locomotion,
+    pendulum,
+    pointmaze,
+    reacher,
+)
 from trajectory_transformer.suites.collect import Suite
 
 __all__ = ["EMBEDDED_DATASETS", "SUITES", "build_embedded_dataset", "is_embedded", "suite_of"]
@@ -28,6 +37,7 @@ SUITES: tuple[Suite, ...] = (
     locomotion.HOPPER.suite,
     locomotion.WALKER2D.suite,
     double_pendulum.SUITE,
+    inverted_pendulum.SUITE,
     *pointmaze.SUITES,
 )
 

@@ -11,6 +11,7 @@ last digits.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import shutil
 import warnings
@@ -491,6 +492,58 @@ class Suite:
             requirements=self.requirements,
             metadata=None if self.metadata is None else self.metadata(collected),
         )
+
+
+def terminating_suite(
+    env_id: str,
+    datasets: dict[str, Dataset],
+    policies: dict[str, Policy],
+    random: Policy,
+    expert: Policy,
+    *,
+    expert_name: str,
+    builder: str,
+    transitions: int,
+    num_envs: int,
+    reference_episodes: int = 100,
+) -> Suite:
+    """A suite of scripted policies on a task whose episodes may end by a fall: each kind's
+    episodes are the first (by seed) that hold ``transitions`` transitions unless a count is
+    given, stepped ``num_envs`` at a time; the reference scores are ``random``'s and
+    ``expert``'s (cached per process); the description is :func:`describe_terminating`'s."""
+    offsets = {kind: i + 1 for i, kind in enumerate(policies)}  # each kind's block of seeds
+
+    def episodes_of(kind: str, episodes: int | None, seed: int) -> Rollout:
+        return play(
+            env_id,
+            policies[kind],
+            seed=seed,
+            kind=offsets[kind],
+            episodes=episodes,
+            transitions=None if episodes is not None else transitions,
+            num_envs=num_envs,
+        )
+
+    @functools.lru_cache(maxsize=16)
+    def scores(seed: int = 0, episodes: int = reference_episodes) -> tuple[float, float]:
+        return reference_scores(env_id, random, expert, seed, episodes, num_envs=num_envs)
+
+    def describe(collected: Collected) -> str:
+        return (
+            f"{describe_terminating(collected, expert=expert_name)}; built by {builder} "
+            f"(seed {collected.seed})."
+        )
+
+    return Suite(
+        env_id=env_id,
+        datasets=datasets,
+        episodes_of=episodes_of,
+        reference_scores=scores,
+        describe=describe,
+        namespace_description=f"{env_id} datasets built by trajectory_transformer.",
+        default_episodes=None,  # transitions
+        reference_episodes=reference_episodes,
+    )
 
 
 def describe_fixed_length(collected: Collected, builder: str, expert: str) -> str:

@@ -21,7 +21,8 @@ Policies:
 
 * **expert** (:func:`expert_action`): a discrete-time LQR on the state ``(x, theta1, theta2,
   x', theta1', theta2')``, its gain computed once from MuJoCo's own model, linearised about
-  the upright rest by central differences over one env step (:func:`lqr_gain`). It stays up
+  the upright rest by central differences over one env step (:func:`lqr_gain`,
+  :mod:`~trajectory_transformer.suites.lqr`). It stays up
   for the whole episode from every start: mean return about 9,360.
 * **random**: actions drawn uniformly from ``[-1, 1]`` (falls within about 6 steps, mean return
   about 48).
@@ -33,30 +34,26 @@ Policies:
 
 Reference scores, stored in the dataset's metadata: ``ref_min_score`` is the mean return of the
 uniform random policy and ``ref_max_score`` that of the expert, each over 100 seeded
-evaluation episodes (:func:`reference_scores`).
+evaluation episodes (``SUITE.reference_scores``).
 """
 
 from __future__ import annotations
 
 import functools
 
-import gymnasium as gym
-import mujoco
 import numpy as np
 
-from trajectory_transformer.suites import collect
+from trajectory_transformer.suites import collect, lqr
 
 __all__ = [
     "DATASETS",
     "ENV_ID",
     "MEDIUM_EPSILON",
     "SUITE",
-    "episodes_of",
     "epsilon_random_expert",
     "expert_action",
     "lqr_gain",
     "random_action",
-    "reference_scores",
 ]
 
 ENV_ID = "InvertedDoublePendulum-v5"
@@ -81,50 +78,17 @@ DATASETS = {
 _STATE_WEIGHTS = (1.0, 10.0, 10.0, 0.1, 0.1, 0.1)
 _ACTION_WEIGHT = 1.0
 _OBS_DIM = 9
-_KIND_OFFSET = {"medium": 1}  # each kind's block of reset seeds (see collect.play)
 
 
 # ----------------------------------------------------------------------------- controllers
 
 
-def _linearised_step() -> tuple[np.ndarray, np.ndarray]:
-    """``(A, B)`` of one env step about the upright rest, by central differences of MuJoCo's
-    own dynamics: ``z' = A z + B u`` for the state ``z = (qpos, qvel)``."""
-    env = gym.make(ENV_ID)
-    try:
-        model, data, frames = env.unwrapped.model, env.unwrapped.data, env.unwrapped.frame_skip
-
-        def step(state: np.ndarray, action: float) -> np.ndarray:
-            mujoco.mj_resetData(model, data)
-            data.qpos[:], data.qvel[:], data.ctrl[:] = state[:3], state[3:], action
-            mujoco.mj_step(model, data, nstep=frames)
-            return np.concatenate([data.qpos, data.qvel])
-
-        delta, rest = 1e-5, np.zeros(6)
-        a = np.stack(
-            [(step(rest + d, 0.0) - step(rest - d, 0.0)) / (2 * delta) for d in np.eye(6) * delta],
-            axis=1,
-        )
-        b = ((step(rest, delta) - step(rest, -delta)) / (2 * delta))[:, None]
-        return a, b
-    finally:
-        env.close()
-
-
 @functools.cache
 def lqr_gain() -> np.ndarray:
-    """``(1, 6)`` gain ``K`` of the discrete-time LQR, ``u = -K z``: the Riccati recursion
-    iterated to its fixed point on the linearised step (:func:`_linearised_step`)."""
-    a, b = _linearised_step()
-    q, r = np.diag(_STATE_WEIGHTS), np.array([[_ACTION_WEIGHT]])
-    p = q
-    for _ in range(10_000):
-        gain = np.linalg.solve(r + b.T @ p @ b, b.T @ p @ a)
-        following = q + a.T @ p @ (a - b @ gain)
-        if np.allclose(following, p, rtol=1e-12, atol=1e-9):
-            return gain
-        p = following
-    raise RuntimeError("the LQR's Riccati recursion did not converge: has the model changed?")
+    """``(1, 6)`` gain ``K`` of the discrete-time LQR, ``u = -K z``, on MuJoCo's linearised
+    step (:mod:`~trajectory_transformer.suites.lqr`)."""
+    a, b = lqr.linearised_step(ENV_ID)
+    return lqr.discrete_gain(a, b, _STATE_WEIGHTS, _ACTION_WEIGHT)
 
 
 def expert_action(obs: np.ndarray) -> np.ndarray:
@@ -152,45 +116,15 @@ def epsilon_random_expert(epsilon: float) -> collect.EpsilonRandomExpert:
     return collect.EpsilonRandomExpert(expert_action, random_action, epsilon)
 
 
-# ----------------------------------------------------------------------------- episodes
-
-
-def episodes_of(kind: str, episodes: int | None, seed: int) -> collect.Rollout:
-    """The episodes of one policy kind (``medium``): ``episodes`` of them, or by default the
-    first ones (by seed) that hold ``TRANSITIONS`` transitions."""
-    return collect.play(
-        ENV_ID,
-        epsilon_random_expert({"medium": MEDIUM_EPSILON}[kind]),
-        seed=seed,
-        kind=_KIND_OFFSET[kind],
-        episodes=episodes,
-        transitions=None if episodes is not None else TRANSITIONS,
-        num_envs=NUM_ENVS,
-    )
-
-
-@functools.lru_cache(maxsize=16)
-def reference_scores(seed: int = 0, episodes: int = REFERENCE_EPISODES) -> tuple[float, float]:
-    """``(ref_min_score, ref_max_score)``: mean returns of the uniform random policy and of the
-    expert over ``episodes`` seeded evaluation episodes. Cached per process."""
-    random, expert = epsilon_random_expert(1.0), epsilon_random_expert(0.0)
-    return collect.reference_scores(ENV_ID, random, expert, seed, episodes, num_envs=NUM_ENVS)
-
-
-def describe(collected: collect.Collected) -> str:
-    return (
-        f"{collect.describe_terminating(collected, expert='LQR expert')}; built by {__name__} "
-        f"(seed {collected.seed})."
-    )
-
-
-SUITE = collect.Suite(
-    env_id=ENV_ID,
-    datasets=DATASETS,
-    episodes_of=episodes_of,
-    reference_scores=reference_scores,
-    describe=describe,
-    namespace_description="InvertedDoublePendulum-v5 datasets built by trajectory_transformer.",
-    default_episodes=None,  # TRANSITIONS
+SUITE = collect.terminating_suite(
+    ENV_ID,
+    DATASETS,
+    {"medium": epsilon_random_expert(MEDIUM_EPSILON)},
+    epsilon_random_expert(1.0),
+    epsilon_random_expert(0.0),
+    expert_name="LQR expert",
+    builder=__name__,
+    transitions=TRANSITIONS,
+    num_envs=NUM_ENVS,
     reference_episodes=REFERENCE_EPISODES,
 )

@@ -80,6 +80,16 @@ def test_tt_collect_and_tt_compare_settings(capsys):
     )
 
 
+def test_a_list_of_bare_overrides_gets_the_quoted_form(capsys):
+    line = rejected(capsys, "compare", "compare.train=[trainer.max_steps=null, trainer.seed=2]")
+    assert line.endswith(
+        """quote each list item that holds '=', as in """
+        """'compare.train=["trainer.max_steps=null","trainer.seed=2"]'"""
+    )
+    # The quoted form composes.
+    check_command_line("compare", ['compare.train=["trainer.max_steps=null","seed=2"]'])
+
+
 def test_a_good_command_line_passes_and_hydras_own_flags_are_left_to_it(capsys):
     check_command_line("train", ["trainer.max_steps=5", "hydra.run.dir=/tmp/x"])
     check_command_line("train", ["--cfg", "job"])

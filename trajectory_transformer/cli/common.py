@@ -15,7 +15,7 @@ import hydra
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
@@ -204,7 +204,21 @@ def override_error(error: Exception, config_name: str, overrides: Sequence[str] 
             close = difflib.get_close_matches(option, options, n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             return f"no {group} config named {option}{hint} ({group} takes {', '.join(options)})"
+    if isinstance(error, OverrideParseException) and (quoted := quoted_list(overrides)):
+        return f"{first_line(cause)}: quote each list item that holds '=', as in '{quoted}'"
     return first_line(cause)
+
+
+def quoted_list(overrides: Sequence[str]) -> str | None:
+    """The first override whose list value holds unquoted `key=value` items, with each item
+    quoted (Hydra's grammar reads a bare `=` inside a list as an error), or None."""
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        bare = not any(quote in value for quote in "\"'")
+        if equals and value.startswith("[") and value.endswith("]") and "=" in value and bare:
+            items = ['"' + item.strip() + '"' for item in value[1:-1].split(",") if item.strip()]
+            return f"{key}=[{','.join(items)}]"
+    return None
 
 
 def check_command_line(config_name: str, arguments: Sequence[str]) -> None:

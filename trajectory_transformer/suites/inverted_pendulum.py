@@ -22,8 +22,9 @@ Policies:
   cart's position and speed set to 0, with Gaussian action noise of standard deviation
   ``MEDIUM_NOISE`` (0.6). It keeps the pole up while the cart drifts, and the pole falls when
   the cart reaches the end of its rail, after about 250 steps without noise and 161 on
-  average with it (the dataset's episodes). Every episode ends by a fall. Staying up for longer takes what the data shows but
-  the controller never does on purpose: pushing the cart back towards the middle.
+  average with it (the dataset's episodes). Every episode ends by a fall. Staying up for
+  longer takes what the data shows but the controller never does on purpose: pushing the cart
+  back towards the middle.
 
 Reference scores, stored in the dataset's metadata: ``ref_min_score`` is the mean return of the
 uniform random policy and ``ref_max_score`` that of the expert, each over 100 seeded

@@ -3,7 +3,7 @@
 # package and its dependencies import:
 #   1. the device-parametrised tests on CUDA (every path against its reference, no host sync);
 #   2. the decode paths side by side in one process (eager, compiled or fused; nothing, the step or
-#      the whole search captured as a CUDA graph; TF32);
+#      the whole search captured as a CUDA graph);
 #   3. HalfCheetah-v5, 25 envs x 1000 steps, the paper's model and search (the headline);
 #   4. the whole test suite;
 #   5. the decode paths at 1000 envs, and the env-count scaling table;

@@ -43,6 +43,10 @@ STATE_FILE = "compare.json"
 EQUAL_MEANS = "not told apart within this budget"
 AGENT_SEED_STRIDE = 1_000_000
 """Under `independent` pairing, agent i trains on seeds from `i * AGENT_SEED_STRIDE` on."""
+MOST_SEEDS, MOST_INTERIMS = 1_000, 100
+"""Bounds of `n` and `K`: at most 100,000 seeds an agent, below `AGENT_SEED_STRIDE`."""
+MOST_PERMUTATIONS = 10_000_000
+"""Bound of `B`."""
 NEEDS = ("model", "critic")
 """What an agent's evaluations can need trained per seed."""
 
@@ -140,10 +144,21 @@ class ComparisonSpec:
         for name, value in (("n", self.n), ("K", self.K), ("episodes", self.episodes)):
             if value < 1:
                 raise ComparisonError(f"compare.{name} must be at least 1, got {value}")
+        # Every job of an interim is planned, and each agent's seeds listed, before any runs:
+        # far past what a machine can train, that alone would take the memory.
+        for name, value, most in (("n", self.n, MOST_SEEDS), ("K", self.K, MOST_INTERIMS)):
+            if value > most:
+                raise ComparisonError(
+                    f"compare.{name} must be at most {most:,} (each agent trains compare.n "
+                    f"seeds in each of at most compare.K interims), got {value:,}"
+                )
         if not 0.0 < self.alpha < 1.0:
             raise ComparisonError(f"compare.alpha must be in (0, 1), got {self.alpha}")
-        if self.B < 1:
-            raise ComparisonError(f"compare.B must be at least 1, got {self.B}")
+        if not 1 <= self.B <= MOST_PERMUTATIONS:
+            raise ComparisonError(
+                f"compare.B must be in [1, {MOST_PERMUTATIONS:,}] (AdaStop's permutations), "
+                f"got {self.B:,}"
+            )
         if self.pairing not in self.PAIRINGS:
             raise ComparisonError(
                 f"compare.pairing must be one of {', '.join(self.PAIRINGS)}, got {self.pairing!r}"

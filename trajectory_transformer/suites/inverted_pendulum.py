@@ -51,6 +51,7 @@ __all__ = [
     "lqr_gain",
     "medium_policy",
     "pole_action",
+    "pole_gain",
     "random_action",
 ]
 
@@ -86,6 +87,13 @@ def lqr_gain() -> np.ndarray:
     return lqr.discrete_gain(a, b, _STATE_WEIGHTS, _ACTION_WEIGHT)
 
 
+@functools.cache
+def pole_gain() -> np.ndarray:
+    """The LQR's gain with its entries on the cart's position and speed set to 0: the cart's
+    position is no longer fed back."""
+    return lqr_gain() * np.array([0.0, 1.0, 0.0, 1.0])
+
+
 def _act(obs: np.ndarray, gain: np.ndarray) -> np.ndarray:
     obs = np.asarray(obs, dtype=np.float64).reshape(-1, _OBS_DIM)
     return np.clip(-obs @ gain.T, -BOUND, BOUND).astype(np.float32)
@@ -97,8 +105,8 @@ def expert_action(obs: np.ndarray) -> np.ndarray:
 
 
 def pole_action(obs: np.ndarray) -> np.ndarray:
-    """The LQR's actions with its gains on the cart's position and speed set to 0."""
-    return _act(obs, lqr_gain() * np.array([0.0, 1.0, 0.0, 1.0]))
+    """The actions of :func:`pole_gain`, the LQR without its gains on the cart."""
+    return _act(obs, pole_gain())
 
 
 random_action = collect.UniformRandom(1, BOUND)

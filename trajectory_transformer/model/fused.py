@@ -1,19 +1,24 @@
-"""The decode step on CUDA as one Triton kernel per transformer block.
+"""The decode step on CUDA as two Triton kernels per transformer block.
 
 A planner's decode step runs one new token per row through the model. Through PyTorch, even
 compiled by inductor and replayed as a CUDA graph, that is about a hundred kernels per step,
 each a few microseconds of latency over a few dozen kilobytes of work: the step is bound by
 how many kernels it launches, not by arithmetic or bytes (BENCHMARKS.md, "On the GPU").
 
-Here each block is one kernel over a tile of `ROWS` rows: the embedding (first block), layer
-norm, the query, key and value of every head, the write of this token's key and value into
-the rows' own cache positions, the attention over the group's shared prefix and the row's own
-earlier positions (an online softmax over tiles of keys, reading only the positions written
-so far), the output projection, the MLP with its exact GELU, and (last block) the final norm
-and the dimension's head. The position and the prefix's end are read on the device, so the
-step has the same launches at every position, needs no host sync, and can be captured as a
-CUDA graph. Matrix products use full float32 (`input_precision="ieee"`), so the logits agree
-with the PyTorch step up to float rounding.
+Here a block is two kernels of many short programs. The attention kernel runs a program per
+tile of `ROWS` rows, head, and part of the keys: the embedding (first block) or the previous
+block's MLP output summed in, layer norm, the head's query (and, for the row's own part, its
+key and value, written into the rows' own cache positions), and an online softmax over tiles
+of keys, reading only the positions written so far: the group's shared prefix in one part, the
+row's own earlier positions and itself in the other. The MLP kernel runs a program per tile of
+rows and `MLP_COLUMNS` hidden columns: the two parts of each head joined, the output
+projection, layer norm, and its columns of the MLP with their exact GELU, whose partial
+outputs the next kernel sums. A last kernel applies the final norm and the dimension's head.
+The position and the prefix's end are read on the device, so the step has the same launches
+at every position, needs no host sync, and can be captured as a CUDA graph. Matrix products
+run on the tensor cores as three TF32 products each (`input_precision="tf32x3"`), which keeps
+float32's accuracy (the logits agree with the PyTorch step up to float rounding) and, unlike
+Triton's float32 products on the CUDA cores, fits each program's tiles in its registers.
 
 The mask is the training mask with `value_sees_itself` (the one the native CPU decoder also
 implements): a token sees every earlier position except value tokens, and itself.
@@ -24,6 +29,7 @@ interpreter (slowly): that is how the tests check them on machines without a GPU
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from collections.abc import Callable
@@ -40,9 +46,13 @@ if TYPE_CHECKING:
 ROWS = 16
 """Rows per program: the smallest tile that Triton's matrix product takes."""
 KEYS = 16
-"""Cached positions per tile of the attention's online softmax."""
+"""A row's own cached positions per tile of the attention's online softmax."""
+PREFIX_KEYS = 32
+"""Shared prefix positions per tile, where a row tile continues one prefix (a matrix product)."""
 HIDDEN = 32
-"""MLP columns per tile: the hidden layer is never held whole."""
+"""MLP columns per matrix product: the hidden layer is never held whole."""
+MLP_COLUMNS = 128
+"""The MLP's hidden columns per program; the programs' partial outputs are summed after."""
 
 
 def interpreted() -> bool:
@@ -69,12 +79,12 @@ def unavailable_reason(model: TrajectoryGPT) -> str | None:
     return None
 
 
-def _kernel() -> Callable:
-    """The block kernel. Triton decides when the kernels are defined whether they run on the
-    GPU or through the interpreter: `TRITON_INTERPRET` as it is at the first import."""
+def _kernels():
+    """The kernels' module. Triton decides when the kernels are defined whether they run on
+    the GPU or through the interpreter: `TRITON_INTERPRET` as it is at the first import."""
     from trajectory_transformer.model import fused_kernels
 
-    return fused_kernels.block_kernel
+    return fused_kernels
 
 
 def _padded(n: int) -> int:
@@ -94,7 +104,7 @@ def decoder(
         reason = "it decodes over a SharedPrefixKVCache (a planner's cache) only"
     if reason is not None:
         raise ValueError(f"planner.decode=fused cannot run here: {reason}")
-    kernel = _kernel()
+    kernels = _kernels()
     config = model.config
     weights = prepared_weights(model)
     C, NH, N, T = config.embedding_dim, config.n_head, config.n_bins, config.transition_dim
@@ -103,48 +113,53 @@ def decoder(
         (parameters, cache.native_layer(layer), weights.eps[2 * layer : 2 * layer + 2])
         for layer, parameters in enumerate(weights.layers)
     ]
-    sizes = dict(
-        NH=NH,
-        HS=HS,
-        CP=_padded(C),
-        HSP=_padded(HS),
-        NP=_padded(N),
-        HIDP=-(-HID // HIDDEN) * HIDDEN,
-        BR=ROWS,
-        KB=KEYS,
-        HB=HIDDEN,
-    )
-    # Many warps per program on a GPU: the attention's tiles are (rows, keys, head width).
-    launch = {} if interpreted() else {"num_warps": 8}
+    splits = -(-HID // MLP_COLUMNS)
+    CP, HSP = _padded(C), _padded(HS)
+    # Warps per program: the attention's tiles of own keys (rows, keys, head width) spill
+    # registers with four (ptxas for sm_90), the other kernels' do not.
+    attention_launch = {} if interpreted() else {"num_warps": 8}
+    launch = {} if interpreted() else {"num_warps": 4}
     prefix_capacity, own_capacity = cache.prefix.max_len, cache.own.max_len
 
     def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        tokens = tokens.contiguous()  # the kernel reads row r's token at offset r
+        tokens = tokens.contiguous()  # the kernels read row r's token at offset r
         rows = tokens.shape[0]
         layout = cache.layout
         layout.copies(rows)  # raises unless whole copies: shapes only, no sync
-        x = torch.empty(rows, C, device=tokens.device)
-        logits = torch.empty(rows, N, device=tokens.device)
-        grid = (-(-rows // ROWS),)
-        last = len(layers) - 1
+        new = functools.partial(torch.empty, device=tokens.device)
+        entering, after_attention = new(rows, C), new(rows, C)
+        partial = new(splits, rows, C)
+        parts, maxima, sums = new(2, rows, C), new(2, rows, NH), new(2, rows, NH)
+        logits = new(rows, N)
+        tiles = -(-rows // ROWS)
+        # A tile of rows continues one prefix when the prefix's members fill whole tiles.
+        shared = layout.members % ROWS == 0
+        previous_out_bias = weights.layers[0][-1]  # unused by the first block
         for layer, (parameters, (pk, pv, ok, ov), (eps1, eps2)) in enumerate(layers):
-            kernel[grid](
-                x,
+            ln1_w, ln1_b, w_attn, b_attn, w_proj, b_proj, ln2_w, ln2_b, w_fc, b_fc, w_out, b_out = (
+                parameters
+            )
+            kernels.attention_kernel[(tiles, NH, 2)](
+                entering,
+                after_attention,
+                partial,
+                previous_out_bias,
                 tokens,
                 position,
                 cache.prefix_end,
                 weights.tok_emb,
                 weights.pos_emb,
-                *parameters,
+                ln1_w,
+                ln1_b,
+                w_attn,
+                b_attn,
                 pk,
                 pv,
                 ok,
                 ov,
-                weights.ln_f_weight,
-                weights.ln_f_bias,
-                weights.head_weight,
-                weights.head_bias,
-                logits,
+                parts,
+                maxima,
+                sums,
                 rows,
                 layout.members,
                 layout.groups,
@@ -153,16 +168,69 @@ def decoder(
                 T,
                 N,
                 C,
-                HID,
                 eps1,
-                eps2,
-                weights.ln_f_eps,
                 HS**-0.5,
+                NH=NH,
+                HS=HS,
+                CP=CP,
+                HSP=HSP,
+                BR=ROWS,
+                KB=KEYS,
+                PKB=PREFIX_KEYS,
+                SPLITS=splits,
                 FIRST=layer == 0,
-                LAST=layer == last,
-                **sizes,
+                SHARED_PREFIX=shared,
+                **attention_launch,
+            )
+            kernels.mlp_kernel[(tiles, splits)](
+                entering,
+                after_attention,
+                partial,
+                parts,
+                maxima,
+                sums,
+                w_proj,
+                b_proj,
+                ln2_w,
+                ln2_b,
+                w_fc,
+                b_fc,
+                w_out,
+                rows,
+                C,
+                HID,
+                eps2,
+                NH=NH,
+                HS=HS,
+                CP=CP,
+                HSP=HSP,
+                BR=ROWS,
+                HB=HIDDEN,
+                SPLIT_COLS=MLP_COLUMNS,
                 **launch,
             )
+            previous_out_bias = b_out
+        kernels.head_kernel[(tiles, -(-N // HIDDEN))](
+            after_attention,
+            partial,
+            previous_out_bias,
+            position,
+            weights.ln_f_weight,
+            weights.ln_f_bias,
+            weights.head_weight,
+            weights.head_bias,
+            logits,
+            rows,
+            T,
+            N,
+            C,
+            weights.ln_f_eps,
+            CP=CP,
+            BR=ROWS,
+            HB=HIDDEN,
+            SPLITS=splits,
+            **launch,
+        )
         return logits
 
     return step

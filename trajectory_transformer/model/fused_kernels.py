@@ -1,11 +1,20 @@
 """Triton kernels of the fused decode step (`fused.py` binds them to a model and a cache).
 
+A block is two kernels, each of many short programs: the attention, one program per tile of
+rows, head and part of the keys (the group's shared prefix, or the row's own positions), and
+the projection with the MLP, one program per tile of rows and tile of hidden columns. One long
+program per row tile, running the whole block in series, was bound by that serial chain.
+
 Imported only where that step runs: Triton decides at import whether the kernels compile for
 the GPU or run through its interpreter on the CPU (`TRITON_INTERPRET=1`).
 """
 
 import triton
 import triton.language as tl
+
+NO_SCORE = tl.constexpr(-1.0e30)
+"""The running maximum before any key: finite, so that a part with no visible key yet keeps
+its weights at exp(NO_SCORE - NO_SCORE) = 1 over sums of 0, never exp(-inf + inf)."""
 
 
 @triton.jit
@@ -30,23 +39,33 @@ def load_matrix(ptr, rows, cols, row_ok, col_ok, stride):
 
 
 @triton.jit
-def attend_tile(q, m_i, l_i, acc, k_ptr, v_ptr, offsets, load_ok, visible, scale):
-    """One tile of keys and values (R, K, HSP) at `offsets` in the online softmax of the
-    queries q (R, HSP); `visible` (R, K) or (1, K) masks the scores."""
-    keys = tl.load(k_ptr + offsets, mask=load_ok, other=0.0)
-    scores = tl.sum(q[:, None, :] * keys, axis=2) * scale  # (R, K)
-    scores = tl.where(visible, scores, float("-inf"))
+def residual_stream(a_ptr, partial_ptr, b_out, rows, cols, tile, col_ok, R, C, SPLITS):
+    """The stream after a block: the stream after its attention, plus its MLP's output (the
+    hidden tiles' partial products, summed here, and the output bias)."""
+    x = tl.load(a_ptr + rows[:, None] * C + cols[None, :], mask=tile, other=0.0)
+    for split in range(SPLITS):
+        offsets = (split * R + rows[:, None]) * C + cols[None, :]
+        x += tl.load(partial_ptr + offsets, mask=tile, other=0.0)
+    return x + tl.load(b_out + cols, mask=col_ok, other=0.0)[None, :]
+
+
+@triton.jit
+def online_softmax(scores, values, m_i, l_i, acc):
+    """Fold one tile of scores (R, K) and their values (R, K, HSP) into the running maximum,
+    sum and weighted values of each row."""
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     alpha = tl.exp(m_i - m_new)
     probs = tl.exp(scores - m_new[:, None])
-    values = tl.load(v_ptr + offsets, mask=load_ok, other=0.0)
     acc = acc * alpha[:, None] + tl.sum(probs[:, :, None] * values, axis=1)
     return m_new, l_i * alpha + tl.sum(probs, axis=1), acc
 
 
 @triton.jit
-def block_kernel(
-    x_ptr,  # (R, C) residual stream, read and written in place
+def attention_kernel(
+    x_ptr,  # (R, C) out: the stream entering this block
+    a_ptr,  # (R, C) the stream after the previous block's attention (not the first block)
+    partial_ptr,  # (SPLITS, R, C) the previous block's MLP, per hidden tile
+    b_prev_out,  # the previous block's MLP output bias
     tokens_ptr,  # (R,) this step's tokens (first block)
     position_ptr,  # (1,) absolute position of the tokens
     prefix_end_ptr,  # (1,) the shared prefix's length
@@ -56,23 +75,13 @@ def block_kernel(
     ln1_b,
     w_attn,  # (C, 3C)
     b_attn,
-    w_proj,  # (C, C)
-    b_proj,
-    ln2_w,
-    ln2_b,
-    w_fc,  # (C, HID)
-    b_fc,
-    w_out,  # (HID, C)
-    b_out,
     prefix_k,  # (prefix rows, NH, P_CAP, HS)
     prefix_v,
     own_k,  # (rows, NH, L_CAP, HS)
     own_v,
-    lnf_w,
-    lnf_b,
-    head_w,  # (T, C, N)
-    head_b,  # (T, N)
-    logits_ptr,  # (R, N) (last block)
+    acc_ptr,  # (2, R, C) out: per part, each head's values weighted by exp(score - max)
+    max_ptr,  # (2, R, NH) out: per part and head, the largest score
+    sum_ptr,  # (2, R, NH) out: per part and head, the sum of exp(score - max)
     R,
     MEMBERS,
     GROUPS,
@@ -81,23 +90,21 @@ def block_kernel(
     T,
     N,
     C,
-    HID,
     eps1,
-    eps2,
-    eps_f,
     scale,
     NH: tl.constexpr,
     HS: tl.constexpr,
     CP: tl.constexpr,
     HSP: tl.constexpr,
-    NP: tl.constexpr,
-    HIDP: tl.constexpr,
     BR: tl.constexpr,
     KB: tl.constexpr,
-    HB: tl.constexpr,
+    PKB: tl.constexpr,
+    SPLITS: tl.constexpr,
     FIRST: tl.constexpr,
-    LAST: tl.constexpr,
+    SHARED_PREFIX: tl.constexpr,
 ):
+    head = tl.program_id(1)
+    part = tl.program_id(2)  # 0: the shared prefix; 1: the row's own positions and itself
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     row_ok = rows < R
     cols = tl.arange(0, CP)
@@ -112,88 +119,197 @@ def block_kernel(
         x = tl.load(tok_emb_ptr + table_row[:, None] * C + cols[None, :], mask=tile, other=0.0)
         x += tl.load(pos_emb_ptr + position * C + cols, mask=col_ok, other=0.0)[None, :]
     else:
-        x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=tile, other=0.0)
+        x = residual_stream(a_ptr, partial_ptr, b_prev_out, rows, cols, tile, col_ok, R, C, SPLITS)
+    if (head == 0) & (part == 0):
+        tl.store(x_ptr + rows[:, None] * C + cols[None, :], x, mask=tile)
 
-    # Attention, head by head.
     h = layer_norm(x, ln1_w, ln1_b, cols, col_ok, C, eps1)
-    group = (rows // MEMBERS) % GROUPS  # the prefix this row continues
     hcols = tl.arange(0, HSP)
     h_ok = hcols < HS
-    kidx = tl.arange(0, KB)
     head_tile = row_ok[:, None] & h_ok[None, :]
-    attn = tl.zeros((BR, CP), dtype=tl.float32)
-    for head in range(NH):  # a loop, not unrolled: ptxas took minutes over the unrolled kernel
-        out = head * HS + hcols
-        wq = load_matrix(w_attn, cols, out, col_ok, h_ok, 3 * C)  # (CP, HSP)
+    out = head * HS + hcols
+    wq = load_matrix(w_attn, cols, out, col_ok, h_ok, 3 * C)  # (CP, HSP)
+    q = tl.dot(h, wq, input_precision="tf32x3")
+    q += tl.load(b_attn + out, mask=h_ok, other=0.0)[None, :]
+    if part == 0:
+        m_i = tl.full((BR,), NO_SCORE, dtype=tl.float32)
+        l_i = tl.zeros((BR,), dtype=tl.float32)
+        acc = tl.zeros((BR, HSP), dtype=tl.float32)
+        if SHARED_PREFIX:
+            # Every row of the tile continues one prefix: its keys are one matrix product.
+            group = (tl.program_id(0) * BR // MEMBERS) % GROUPS
+            pk = tl.arange(0, PKB)
+            for start in range(0, prefix_end, PKB):
+                p = start + pk  # absolute positions in the prefix
+                visible = (p < prefix_end) & (p % T != T - 1)  # earlier values are hidden
+                offsets = ((group * NH + head) * P_CAP + p[:, None]) * HS + hcols[None, :]
+                load_ok = visible[:, None] & h_ok[None, :]
+                keys = tl.load(prefix_k + offsets, mask=load_ok, other=0.0)  # (PKB, HSP)
+                scores = tl.dot(q, tl.trans(keys), input_precision="tf32x3") * scale
+                scores = tl.where(visible[None, :], scores, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+                alpha = tl.exp(m_i - m_new)
+                probs = tl.exp(scores - m_new[:, None])
+                values = tl.load(prefix_v + offsets, mask=load_ok, other=0.0)
+                acc = acc * alpha[:, None] + tl.dot(probs, values, input_precision="tf32x3")
+                l_i = l_i * alpha + tl.sum(probs, axis=1)
+                m_i = m_new
+        else:
+            group = (rows // MEMBERS) % GROUPS  # the prefix each row continues
+            kidx = tl.arange(0, KB)
+            for start in range(0, prefix_end, KB):
+                p = start + kidx
+                visible = (p < prefix_end) & (p % T != T - 1)
+                offsets = ((group[:, None, None] * NH + head) * P_CAP + p[None, :, None]) * HS
+                offsets += hcols[None, None, :]
+                load_ok = row_ok[:, None, None] & visible[None, :, None] & h_ok[None, None, :]
+                keys = tl.load(prefix_k + offsets, mask=load_ok, other=0.0)
+                scores = tl.sum(q[:, None, :] * keys, axis=2) * scale  # (BR, KB)
+                scores = tl.where(visible[None, :], scores, float("-inf"))
+                values = tl.load(prefix_v + offsets, mask=load_ok, other=0.0)
+                m_i, l_i, acc = online_softmax(scores, values, m_i, l_i, acc)
+    else:
         wk = load_matrix(w_attn + C, cols, out, col_ok, h_ok, 3 * C)
         wv = load_matrix(w_attn + 2 * C, cols, out, col_ok, h_ok, 3 * C)
-        q = tl.dot(h, wq, input_precision="ieee")
-        q += tl.load(b_attn + out, mask=h_ok, other=0.0)[None, :]
-        k = tl.dot(h, wk, input_precision="ieee")
+        k = tl.dot(h, wk, input_precision="tf32x3")
         k += tl.load(b_attn + C + out, mask=h_ok, other=0.0)[None, :]
-        v = tl.dot(h, wv, input_precision="ieee")
+        v = tl.dot(h, wv, input_precision="tf32x3")
         v += tl.load(b_attn + 2 * C + out, mask=h_ok, other=0.0)[None, :]
         slot = ((rows[:, None] * NH + head) * L_CAP + own) * HS + hcols[None, :]
         tl.store(own_k + slot, k, mask=head_tile)
         tl.store(own_v + slot, v, mask=head_tile)
-
-        # The online softmax starts from the token itself (always visible), so no tile
-        # ever leaves a row with nothing to normalise.
+        # The token itself is always visible: the online softmax starts from it.
         m_i = tl.sum(q * k, axis=1) * scale
         l_i = tl.full((BR,), 1.0, dtype=tl.float32)
         acc = v
-        for start in range(0, prefix_end, KB):
-            p = start + kidx  # absolute positions in the prefix
-            visible = (p < prefix_end) & (p % T != T - 1)  # earlier values are hidden
-            offsets = ((group[:, None, None] * NH + head) * P_CAP + p[None, :, None]) * HS
-            offsets += hcols[None, None, :]
-            load_ok = row_ok[:, None, None] & visible[None, :, None] & h_ok[None, None, :]
-            m_i, l_i, acc = attend_tile(
-                q, m_i, l_i, acc, prefix_k, prefix_v, offsets, load_ok, visible[None, :], scale
-            )
+        kidx = tl.arange(0, KB)
         for start in range(0, own, KB):
             o = start + kidx  # own slots written before this token
             visible = (o < own) & ((prefix_end + o) % T != T - 1)
             offsets = ((rows[:, None, None] * NH + head) * L_CAP + o[None, :, None]) * HS
             offsets += hcols[None, None, :]
             load_ok = row_ok[:, None, None] & visible[None, :, None] & h_ok[None, None, :]
-            m_i, l_i, acc = attend_tile(
-                q, m_i, l_i, acc, own_k, own_v, offsets, load_ok, visible[None, :], scale
-            )
-        y = acc / l_i[:, None]  # (BR, HSP)
-        wp = load_matrix(w_proj, out, cols, h_ok, col_ok, C)  # (HSP, CP)
-        attn += tl.dot(y, wp, input_precision="ieee")
-    x += attn + tl.load(b_proj + cols, mask=col_ok, other=0.0)[None, :]
+            keys = tl.load(own_k + offsets, mask=load_ok, other=0.0)
+            scores = tl.sum(q[:, None, :] * keys, axis=2) * scale
+            scores = tl.where(visible[None, :], scores, float("-inf"))
+            values = tl.load(own_v + offsets, mask=load_ok, other=0.0)
+            m_i, l_i, acc = online_softmax(scores, values, m_i, l_i, acc)
+    stats = (part * R + rows) * NH + head
+    tl.store(max_ptr + stats, m_i, mask=row_ok)
+    tl.store(sum_ptr + stats, l_i, mask=row_ok)
+    tl.store(acc_ptr + (part * R + rows[:, None]) * C + out[None, :], acc, mask=head_tile)
 
-    # MLP, a tile of hidden columns at a time.
+
+@triton.jit
+def mlp_kernel(
+    x_ptr,  # (R, C) the stream entering this block
+    a_ptr,  # (R, C) out: the stream after this block's attention
+    partial_ptr,  # (SPLITS, R, C) out: this block's MLP, per hidden tile
+    acc_ptr,  # (2, R, C) the attention's parts (attention_kernel)
+    max_ptr,
+    sum_ptr,
+    w_proj,  # (C, C)
+    b_proj,
+    ln2_w,
+    ln2_b,
+    w_fc,  # (C, HID)
+    b_fc,
+    w_out,  # (HID, C)
+    R,
+    C,
+    HID,
+    eps2,
+    NH: tl.constexpr,
+    HS: tl.constexpr,
+    CP: tl.constexpr,
+    HSP: tl.constexpr,
+    BR: tl.constexpr,
+    HB: tl.constexpr,
+    SPLIT_COLS: tl.constexpr,
+):
+    split = tl.program_id(1)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < R
+    cols = tl.arange(0, CP)
+    col_ok = cols < C
+    tile = row_ok[:, None] & col_ok[None, :]
+    hcols = tl.arange(0, HSP)
+    h_ok = hcols < HS
+    head_tile = row_ok[:, None] & h_ok[None, :]
+
+    # The two parts of each head's softmax joined, then the output projection.
+    attn = tl.zeros((BR, CP), dtype=tl.float32)
+    for head in range(NH):
+        out = head * HS + hcols
+        stats = rows * NH + head
+        m0 = tl.load(max_ptr + stats, mask=row_ok, other=0.0)
+        m1 = tl.load(max_ptr + R * NH + stats, mask=row_ok, other=0.0)
+        m = tl.maximum(m0, m1)
+        w0 = tl.exp(m0 - m)
+        w1 = tl.exp(m1 - m)
+        total = tl.load(sum_ptr + stats, mask=row_ok, other=1.0) * w0
+        total += tl.load(sum_ptr + R * NH + stats, mask=row_ok, other=1.0) * w1
+        offsets = rows[:, None] * C + out[None, :]
+        acc0 = tl.load(acc_ptr + offsets, mask=head_tile, other=0.0)
+        acc1 = tl.load(acc_ptr + R * C + offsets, mask=head_tile, other=0.0)
+        y = (acc0 * w0[:, None] + acc1 * w1[:, None]) / total[:, None]  # (BR, HSP)
+        wp = load_matrix(w_proj, out, cols, h_ok, col_ok, C)  # (HSP, CP)
+        attn += tl.dot(y, wp, input_precision="tf32x3")
+    x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=tile, other=0.0)
+    x += attn + tl.load(b_proj + cols, mask=col_ok, other=0.0)[None, :]
+    if split == 0:
+        tl.store(a_ptr + rows[:, None] * C + cols[None, :], x, mask=tile)
+
+    # This program's tile of the MLP's hidden columns.
     h = layer_norm(x, ln2_w, ln2_b, cols, col_ok, C, eps2)
     mlp = tl.zeros((BR, CP), dtype=tl.float32)
     hb = tl.arange(0, HB)
-    for start in range(0, HIDP, HB):
+    for start in range(split * SPLIT_COLS, split * SPLIT_COLS + SPLIT_COLS, HB):
         hid = start + hb
         hid_ok = hid < HID
         wf = load_matrix(w_fc, cols, hid, col_ok, hid_ok, HID)  # (CP, HB)
-        u = tl.dot(h, wf, input_precision="ieee")
+        u = tl.dot(h, wf, input_precision="tf32x3")
         u += tl.load(b_fc + hid, mask=hid_ok, other=0.0)[None, :]
         u = 0.5 * u * (1.0 + tl.erf(u * 0.7071067811865476))  # exact GELU, as F.gelu
         wo = load_matrix(w_out, hid, cols, hid_ok, col_ok, C)  # (HB, CP)
-        mlp += tl.dot(u, wo, input_precision="ieee")
-    x += mlp + tl.load(b_out + cols, mask=col_ok, other=0.0)[None, :]
+        mlp += tl.dot(u, wo, input_precision="tf32x3")
+    tl.store(partial_ptr + (split * R + rows[:, None]) * C + cols[None, :], mlp, mask=tile)
 
-    if LAST:
-        f = layer_norm(x, lnf_w, lnf_b, cols, col_ok, C, eps_f)
-        dim = position % T  # this position's head
-        nb = tl.arange(0, HB)
-        for start in range(0, NP, HB):  # a tile of bins at a time, as the MLP's columns
-            bins = start + nb
-            bin_ok = bins < N
-            weight = load_matrix(head_w + dim * C * N, cols, bins, col_ok, bin_ok, N)  # (CP, HB)
-            logits = tl.dot(f, weight, input_precision="ieee")
-            logits += tl.load(head_b + dim * N + bins, mask=bin_ok, other=0.0)[None, :]
-            tl.store(
-                logits_ptr + rows[:, None] * N + bins[None, :],
-                logits,
-                mask=row_ok[:, None] & bin_ok[None, :],
-            )
-    else:
-        tl.store(x_ptr + rows[:, None] * C + cols[None, :], x, mask=tile)
+
+@triton.jit
+def head_kernel(
+    a_ptr,  # (R, C) the stream after the last block's attention
+    partial_ptr,  # (SPLITS, R, C) the last block's MLP, per hidden tile
+    b_out,  # the last block's MLP output bias
+    position_ptr,  # (1,) absolute position of the tokens
+    lnf_w,
+    lnf_b,
+    head_w,  # (T, C, N)
+    head_b,  # (T, N)
+    logits_ptr,  # (R, N) out
+    R,
+    T,
+    N,
+    C,
+    eps_f,
+    CP: tl.constexpr,
+    BR: tl.constexpr,
+    HB: tl.constexpr,
+    SPLITS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < R
+    cols = tl.arange(0, CP)
+    col_ok = cols < C
+    tile = row_ok[:, None] & col_ok[None, :]
+    x = residual_stream(a_ptr, partial_ptr, b_out, rows, cols, tile, col_ok, R, C, SPLITS)
+    f = layer_norm(x, lnf_w, lnf_b, cols, col_ok, C, eps_f)
+    dim = tl.load(position_ptr) % T  # this position's head
+    bins = tl.program_id(1) * HB + tl.arange(0, HB)
+    bin_ok = bins < N
+    weight = load_matrix(head_w + dim * C * N, cols, bins, col_ok, bin_ok, N)  # (CP, HB)
+    logits = tl.dot(f, weight, input_precision="tf32x3")
+    logits += tl.load(head_b + dim * N + bins, mask=bin_ok, other=0.0)[None, :]
+    tl.store(
+        logits_ptr + rows[:, None] * N + bins[None, :], logits, mask=row_ok[:, None] & bin_ok[None, :]
+    )

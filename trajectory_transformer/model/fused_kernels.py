@@ -311,5 +311,7 @@ def head_kernel(
     logits = tl.dot(f, weight, input_precision="tf32x3")
     logits += tl.load(head_b + dim * N + bins, mask=bin_ok, other=0.0)[None, :]
     tl.store(
-        logits_ptr + rows[:, None] * N + bins[None, :], logits, mask=row_ok[:, None] & bin_ok[None, :]
+        logits_ptr + rows[:, None] * N + bins[None, :],
+        logits,
+        mask=row_ok[:, None] & bin_ok[None, :],
     )

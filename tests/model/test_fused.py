@@ -10,12 +10,17 @@ from trajectory_transformer.model import GPTConfig, TrajectoryGPT, fused
 
 
 @pytest.mark.parametrize(
-    "width, groups, members",
-    [(16, 3, 5), (32, 2, 16)],  # two heads of 8 (padded to a tile of 16) or 16
+    "width, groups, members, keys",
+    [
+        (16, 3, 5, 16),  # two heads of 8 (padded to a tile of 16); rows mix prefixes in a tile
+        (32, 2, 16, 16),  # two heads of 16; each tile of rows continues one prefix
+        (16, 3, 5, 2),  # own positions in several tiles of keys, split over the programs
+    ],
 )
 def test_the_fused_step_writes_and_returns_what_the_pytorch_step_does(
-    fused_device, width, groups, members
+    fused_device, width, groups, members, keys, monkeypatch
 ):
+    monkeypatch.setattr(fused, "KEYS", keys)
     model = tiny_gpt(n_bins=20, sequence_transitions=4, embedding_dim=width).to(fused_device)
     config = model.config
     T, copies = config.transition_dim, 2

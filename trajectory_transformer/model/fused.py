@@ -51,6 +51,9 @@ PREFIX_KEYS = 32
 """Shared prefix positions per tile, where a row tile continues one prefix (a matrix product)."""
 HIDDEN = 32
 """MLP columns per matrix product: the hidden layer is never held whole."""
+PARTS = 3
+"""Programs per row tile and head in the attention: the shared prefix, and the row's own
+positions in two runs; the MLP kernel joins their softmaxes."""
 MLP_COLUMNS = 128
 """The MLP's hidden columns per program; the programs' partial outputs are summed after."""
 
@@ -115,9 +118,7 @@ def decoder(
     ]
     splits = -(-HID // MLP_COLUMNS)
     CP, HSP = _padded(C), _padded(HS)
-    # Warps per program: the attention's tiles of own keys (rows, keys, head width) spill
-    # registers with four (ptxas for sm_90), the other kernels' do not.
-    attention_launch = {} if interpreted() else {"num_warps": 8}
+    # Four warps per program: with eight, ptxas (sm_90) spills the attention's registers.
     launch = {} if interpreted() else {"num_warps": 4}
     prefix_capacity, own_capacity = cache.prefix.max_len, cache.own.max_len
 
@@ -129,7 +130,9 @@ def decoder(
         new = functools.partial(torch.empty, device=tokens.device)
         entering, after_attention = new(rows, C), new(rows, C)
         partial = new(splits, rows, C)
-        parts, maxima, sums = new(2, rows, C), new(2, rows, NH), new(2, rows, NH)
+        queries = new(rows, C)
+        parts = new(PARTS, rows, C)
+        maxima, sums = new(PARTS, rows, NH), new(PARTS, rows, NH)
         logits = new(rows, N)
         tiles = -(-rows // ROWS)
         # A tile of rows continues one prefix when the prefix's members fill whole tiles.
@@ -139,7 +142,7 @@ def decoder(
             ln1_w, ln1_b, w_attn, b_attn, w_proj, b_proj, ln2_w, ln2_b, w_fc, b_fc, w_out, b_out = (
                 parameters
             )
-            kernels.attention_kernel[(tiles, NH, 2)](
+            kernels.qkv_kernel[(tiles, NH)](
                 entering,
                 after_attention,
                 partial,
@@ -153,6 +156,28 @@ def decoder(
                 ln1_b,
                 w_attn,
                 b_attn,
+                queries,
+                ok,
+                ov,
+                rows,
+                own_capacity,
+                T,
+                N,
+                C,
+                eps1,
+                NH=NH,
+                HS=HS,
+                CP=CP,
+                HSP=HSP,
+                BR=ROWS,
+                SPLITS=splits,
+                FIRST=layer == 0,
+                **launch,
+            )
+            kernels.attention_kernel[(tiles, NH, PARTS)](
+                queries,
+                position,
+                cache.prefix_end,
                 pk,
                 pv,
                 ok,
@@ -166,21 +191,17 @@ def decoder(
                 prefix_capacity,
                 own_capacity,
                 T,
-                N,
                 C,
-                eps1,
                 HS**-0.5,
                 NH=NH,
                 HS=HS,
-                CP=CP,
                 HSP=HSP,
                 BR=ROWS,
                 KB=KEYS,
                 PKB=PREFIX_KEYS,
-                SPLITS=splits,
-                FIRST=layer == 0,
+                PARTS=PARTS,
                 SHARED_PREFIX=shared,
-                **attention_launch,
+                **launch,
             )
             kernels.mlp_kernel[(tiles, splits)](
                 entering,
@@ -207,6 +228,7 @@ def decoder(
                 BR=ROWS,
                 HB=HIDDEN,
                 SPLIT_COLS=MLP_COLUMNS,
+                PARTS=PARTS,
                 **launch,
             )
             previous_out_bias = b_out

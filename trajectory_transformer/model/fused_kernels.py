@@ -61,7 +61,7 @@ def online_softmax(scores, values, m_i, l_i, acc):
 
 
 @triton.jit
-def attention_kernel(
+def qkv_kernel(
     x_ptr,  # (R, C) out: the stream entering this block
     a_ptr,  # (R, C) the stream after the previous block's attention (not the first block)
     partial_ptr,  # (SPLITS, R, C) the previous block's MLP, per hidden tile
@@ -75,44 +75,30 @@ def attention_kernel(
     ln1_b,
     w_attn,  # (C, 3C)
     b_attn,
-    prefix_k,  # (prefix rows, NH, P_CAP, HS)
-    prefix_v,
-    own_k,  # (rows, NH, L_CAP, HS)
+    q_ptr,  # (R, C) out: the queries
+    own_k,  # (rows, NH, L_CAP, HS) out: this token's key and value at its own slot
     own_v,
-    acc_ptr,  # (2, R, C) out: per part, each head's values weighted by exp(score - max)
-    max_ptr,  # (2, R, NH) out: per part and head, the largest score
-    sum_ptr,  # (2, R, NH) out: per part and head, the sum of exp(score - max)
     R,
-    MEMBERS,
-    GROUPS,
-    P_CAP,
     L_CAP,
     T,
     N,
     C,
     eps1,
-    scale,
     NH: tl.constexpr,
     HS: tl.constexpr,
     CP: tl.constexpr,
     HSP: tl.constexpr,
     BR: tl.constexpr,
-    KB: tl.constexpr,
-    PKB: tl.constexpr,
     SPLITS: tl.constexpr,
     FIRST: tl.constexpr,
-    SHARED_PREFIX: tl.constexpr,
 ):
     head = tl.program_id(1)
-    part = tl.program_id(2)  # 0: the shared prefix; 1: the row's own positions and itself
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     row_ok = rows < R
     cols = tl.arange(0, CP)
     col_ok = cols < C
     tile = row_ok[:, None] & col_ok[None, :]
     position = tl.load(position_ptr)
-    prefix_end = tl.load(prefix_end_ptr)
-    own = position - prefix_end  # this token's slot among the rows' own positions
     if FIRST:
         tokens = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
         table_row = tokens + (position % T) * N  # the dimension's own embedding table
@@ -120,7 +106,7 @@ def attention_kernel(
         x += tl.load(pos_emb_ptr + position * C + cols, mask=col_ok, other=0.0)[None, :]
     else:
         x = residual_stream(a_ptr, partial_ptr, b_prev_out, rows, cols, tile, col_ok, R, C, SPLITS)
-    if (head == 0) & (part == 0):
+    if head == 0:
         tl.store(x_ptr + rows[:, None] * C + cols[None, :], x, mask=tile)
 
     h = layer_norm(x, ln1_w, ln1_b, cols, col_ok, C, eps1)
@@ -129,12 +115,68 @@ def attention_kernel(
     head_tile = row_ok[:, None] & h_ok[None, :]
     out = head * HS + hcols
     wq = load_matrix(w_attn, cols, out, col_ok, h_ok, 3 * C)  # (CP, HSP)
+    wk = load_matrix(w_attn + C, cols, out, col_ok, h_ok, 3 * C)
+    wv = load_matrix(w_attn + 2 * C, cols, out, col_ok, h_ok, 3 * C)
     q = tl.dot(h, wq, input_precision="tf32x3")
     q += tl.load(b_attn + out, mask=h_ok, other=0.0)[None, :]
+    k = tl.dot(h, wk, input_precision="tf32x3")
+    k += tl.load(b_attn + C + out, mask=h_ok, other=0.0)[None, :]
+    v = tl.dot(h, wv, input_precision="tf32x3")
+    v += tl.load(b_attn + 2 * C + out, mask=h_ok, other=0.0)[None, :]
+    tl.store(q_ptr + rows[:, None] * C + out[None, :], q, mask=head_tile)
+    own = position - tl.load(prefix_end_ptr)  # this token's slot among the rows' own positions
+    slot = ((rows[:, None] * NH + head) * L_CAP + own) * HS + hcols[None, :]
+    tl.store(own_k + slot, k, mask=head_tile)
+    tl.store(own_v + slot, v, mask=head_tile)
+
+
+@triton.jit
+def attention_kernel(
+    q_ptr,  # (R, C) the queries (qkv_kernel)
+    position_ptr,  # (1,) absolute position of the tokens
+    prefix_end_ptr,  # (1,) the shared prefix's length
+    prefix_k,  # (prefix rows, NH, P_CAP, HS)
+    prefix_v,
+    own_k,  # (rows, NH, L_CAP, HS), this token's slot written by qkv_kernel
+    own_v,
+    acc_ptr,  # (PARTS, R, C) out: per part, each head's values weighted by exp(score - max)
+    max_ptr,  # (PARTS, R, NH) out: per part and head, the largest score
+    sum_ptr,  # (PARTS, R, NH) out: per part and head, the sum of exp(score - max)
+    R,
+    MEMBERS,
+    GROUPS,
+    P_CAP,
+    L_CAP,
+    T,
+    C,
+    scale,
+    NH: tl.constexpr,
+    HS: tl.constexpr,
+    HSP: tl.constexpr,
+    BR: tl.constexpr,
+    KB: tl.constexpr,
+    PKB: tl.constexpr,
+    PARTS: tl.constexpr,
+    SHARED_PREFIX: tl.constexpr,
+):
+    head = tl.program_id(1)
+    # Part 0: the shared prefix; parts 1 to PARTS - 1: consecutive runs of the row's own
+    # earlier positions, the token itself in part 1.
+    part = tl.program_id(2)
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < R
+    hcols = tl.arange(0, HSP)
+    h_ok = hcols < HS
+    head_tile = row_ok[:, None] & h_ok[None, :]
+    out = head * HS + hcols
+    position = tl.load(position_ptr)
+    prefix_end = tl.load(prefix_end_ptr)
+    own = position - prefix_end  # this token's slot among the rows' own positions
+    q = tl.load(q_ptr + rows[:, None] * C + out[None, :], mask=head_tile, other=0.0)
+    m_i = tl.full((BR,), NO_SCORE, dtype=tl.float32)
+    l_i = tl.zeros((BR,), dtype=tl.float32)
+    acc = tl.zeros((BR, HSP), dtype=tl.float32)
     if part == 0:
-        m_i = tl.full((BR,), NO_SCORE, dtype=tl.float32)
-        l_i = tl.zeros((BR,), dtype=tl.float32)
-        acc = tl.zeros((BR, HSP), dtype=tl.float32)
         if SHARED_PREFIX:
             # Every row of the tile continues one prefix: its keys are one matrix product.
             group = (tl.program_id(0) * BR // MEMBERS) % GROUPS
@@ -169,23 +211,20 @@ def attention_kernel(
                 values = tl.load(prefix_v + offsets, mask=load_ok, other=0.0)
                 m_i, l_i, acc = online_softmax(scores, values, m_i, l_i, acc)
     else:
-        wk = load_matrix(w_attn + C, cols, out, col_ok, h_ok, 3 * C)
-        wv = load_matrix(w_attn + 2 * C, cols, out, col_ok, h_ok, 3 * C)
-        k = tl.dot(h, wk, input_precision="tf32x3")
-        k += tl.load(b_attn + C + out, mask=h_ok, other=0.0)[None, :]
-        v = tl.dot(h, wv, input_precision="tf32x3")
-        v += tl.load(b_attn + 2 * C + out, mask=h_ok, other=0.0)[None, :]
-        slot = ((rows[:, None] * NH + head) * L_CAP + own) * HS + hcols[None, :]
-        tl.store(own_k + slot, k, mask=head_tile)
-        tl.store(own_v + slot, v, mask=head_tile)
-        # The token itself is always visible: the online softmax starts from it.
-        m_i = tl.sum(q * k, axis=1) * scale
-        l_i = tl.full((BR,), 1.0, dtype=tl.float32)
-        acc = v
+        if part == 1:  # the token itself, always visible
+            slot = ((rows[:, None] * NH + head) * L_CAP + own) * HS + hcols[None, :]
+            k = tl.load(own_k + slot, mask=head_tile, other=0.0)
+            m_i = tl.sum(q * k, axis=1) * scale
+            l_i = tl.full((BR,), 1.0, dtype=tl.float32)
+            acc = tl.load(own_v + slot, mask=head_tile, other=0.0)
+        # Runs of whole key tiles, as even as they come.
+        run = tl.cdiv(own, (PARTS - 1) * KB) * KB
+        first = (part - 1) * run
+        last = tl.minimum(first + run, own)
         kidx = tl.arange(0, KB)
-        for start in range(0, own, KB):
+        for start in range(first, last, KB):
             o = start + kidx  # own slots written before this token
-            visible = (o < own) & ((prefix_end + o) % T != T - 1)
+            visible = (o < last) & ((prefix_end + o) % T != T - 1)
             offsets = ((rows[:, None, None] * NH + head) * L_CAP + o[None, :, None]) * HS
             offsets += hcols[None, None, :]
             load_ok = row_ok[:, None, None] & visible[None, :, None] & h_ok[None, None, :]
@@ -226,6 +265,7 @@ def mlp_kernel(
     BR: tl.constexpr,
     HB: tl.constexpr,
     SPLIT_COLS: tl.constexpr,
+    PARTS: tl.constexpr,
 ):
     split = tl.program_id(1)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -237,22 +277,23 @@ def mlp_kernel(
     h_ok = hcols < HS
     head_tile = row_ok[:, None] & h_ok[None, :]
 
-    # The two parts of each head's softmax joined, then the output projection.
+    # The parts of each head's softmax joined, then the output projection.
     attn = tl.zeros((BR, CP), dtype=tl.float32)
     for head in range(NH):
         out = head * HS + hcols
-        stats = rows * NH + head
-        m0 = tl.load(max_ptr + stats, mask=row_ok, other=0.0)
-        m1 = tl.load(max_ptr + R * NH + stats, mask=row_ok, other=0.0)
-        m = tl.maximum(m0, m1)
-        w0 = tl.exp(m0 - m)
-        w1 = tl.exp(m1 - m)
-        total = tl.load(sum_ptr + stats, mask=row_ok, other=1.0) * w0
-        total += tl.load(sum_ptr + R * NH + stats, mask=row_ok, other=1.0) * w1
-        offsets = rows[:, None] * C + out[None, :]
-        acc0 = tl.load(acc_ptr + offsets, mask=head_tile, other=0.0)
-        acc1 = tl.load(acc_ptr + R * C + offsets, mask=head_tile, other=0.0)
-        y = (acc0 * w0[:, None] + acc1 * w1[:, None]) / total[:, None]  # (BR, HSP)
+        m = tl.full((BR,), NO_SCORE, dtype=tl.float32)
+        for part in range(PARTS):
+            stats = (part * R + rows) * NH + head
+            m = tl.maximum(m, tl.load(max_ptr + stats, mask=row_ok, other=NO_SCORE))
+        total = tl.zeros((BR,), dtype=tl.float32)
+        y = tl.zeros((BR, HSP), dtype=tl.float32)
+        for part in range(PARTS):
+            stats = (part * R + rows) * NH + head
+            weight = tl.exp(tl.load(max_ptr + stats, mask=row_ok, other=NO_SCORE) - m)
+            total += tl.load(sum_ptr + stats, mask=row_ok, other=0.0) * weight
+            offsets = (part * R + rows[:, None]) * C + out[None, :]
+            y += tl.load(acc_ptr + offsets, mask=head_tile, other=0.0) * weight[:, None]
+        y = y / tl.where(row_ok, total, 1.0)[:, None]  # (BR, HSP)
         wp = load_matrix(w_proj, out, cols, h_ok, col_ok, C)  # (HSP, CP)
         attn += tl.dot(y, wp, input_precision="tf32x3")
     x = tl.load(x_ptr + rows[:, None] * C + cols[None, :], mask=tile, other=0.0)

@@ -1,9 +1,10 @@
 """Triton kernels of the fused decode step (`fused.py` binds them to a model and a cache).
 
-A block is two kernels, each of many short programs: the attention, one program per tile of
-rows, head and part of the keys (the group's shared prefix, or the row's own positions), and
-the projection with the MLP, one program per tile of rows and tile of hidden columns. One long
-program per row tile, running the whole block in series, was bound by that serial chain.
+A block is three kernels, each of many short programs: the query, key and value, a program
+per tile of rows and head; the attention, a program per tile of rows, head and part of the
+keys (the group's shared prefix, or a run of the row's own positions); and the projection with
+the MLP, a program per tile of rows and tile of hidden columns. One long program per row tile,
+running the whole block in series, was bound by that serial chain.
 
 Imported only where that step runs: Triton decides at import whether the kernels compile for
 the GPU or run through its interpreter on the CPU (`TRITON_INTERPRET=1`).
@@ -15,6 +16,17 @@ import triton.language as tl
 NO_SCORE = tl.constexpr(-1.0e30)
 """The running maximum before any key: finite, so that a part with no visible key yet keeps
 its weights at exp(NO_SCORE - NO_SCORE) = 1 over sums of 0, never exp(-inf + inf)."""
+
+
+@triton.jit
+def row_tile(R, C, BR: tl.constexpr, CP: tl.constexpr):
+    """This program's tile of rows of an (R, C) tensor: rows, their mask, the columns padded
+    to CP, theirs, and the tile's."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    row_ok = rows < R
+    cols = tl.arange(0, CP)
+    col_ok = cols < C
+    return rows, row_ok, cols, col_ok, row_ok[:, None] & col_ok[None, :]
 
 
 @triton.jit
@@ -93,11 +105,7 @@ def qkv_kernel(
     FIRST: tl.constexpr,
 ):
     head = tl.program_id(1)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    cols = tl.arange(0, CP)
-    col_ok = cols < C
-    tile = row_ok[:, None] & col_ok[None, :]
+    rows, row_ok, cols, col_ok, tile = row_tile(R, C, BR, CP)
     position = tl.load(position_ptr)
     if FIRST:
         tokens = tl.load(tokens_ptr + rows, mask=row_ok, other=0)
@@ -268,11 +276,7 @@ def mlp_kernel(
     PARTS: tl.constexpr,
 ):
     split = tl.program_id(1)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    cols = tl.arange(0, CP)
-    col_ok = cols < C
-    tile = row_ok[:, None] & col_ok[None, :]
+    rows, row_ok, cols, col_ok, tile = row_tile(R, C, BR, CP)
     hcols = tl.arange(0, HSP)
     h_ok = hcols < HS
     head_tile = row_ok[:, None] & h_ok[None, :]
@@ -338,11 +342,7 @@ def head_kernel(
     HB: tl.constexpr,
     SPLITS: tl.constexpr,
 ):
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    cols = tl.arange(0, CP)
-    col_ok = cols < C
-    tile = row_ok[:, None] & col_ok[None, :]
+    rows, row_ok, cols, col_ok, tile = row_tile(R, C, BR, CP)
     x = residual_stream(a_ptr, partial_ptr, b_out, rows, cols, tile, col_ok, R, C, SPLITS)
     f = layer_norm(x, lnf_w, lnf_b, cols, col_ok, C, eps_f)
     dim = tl.load(position_ptr) % T  # this position's head

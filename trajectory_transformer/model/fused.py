@@ -1,19 +1,20 @@
-"""The decode step on CUDA as two Triton kernels per transformer block.
+"""The decode step on CUDA as three Triton kernels per transformer block.
 
 A planner's decode step runs one new token per row through the model. Through PyTorch, even
 compiled by inductor and replayed as a CUDA graph, that is about a hundred kernels per step,
 each a few microseconds of latency over a few dozen kilobytes of work: the step is bound by
 how many kernels it launches, not by arithmetic or bytes (BENCHMARKS.md, "On the GPU").
 
-Here a block is two kernels of many short programs. The attention kernel runs a program per
-tile of `ROWS` rows, head, and part of the keys: the embedding (first block) or the previous
-block's MLP output summed in, layer norm, the head's query (and, for the row's own part, its
-key and value, written into the rows' own cache positions), and an online softmax over tiles
-of keys, reading only the positions written so far: the group's shared prefix in one part, the
-row's own earlier positions and itself in the other. The MLP kernel runs a program per tile of
-rows and `MLP_COLUMNS` hidden columns: the two parts of each head joined, the output
-projection, layer norm, and its columns of the MLP with their exact GELU, whose partial
-outputs the next kernel sums. A last kernel applies the final norm and the dimension's head.
+Here a block is three kernels of many short programs. The first runs a program per tile of
+`ROWS` rows and head: the embedding (first block) or the previous block's output (its MLP's
+partial outputs summed in), layer norm, and the head's query, key and value, the key and value
+written into the rows' own cache positions. The attention runs a program per row tile, head
+and part of the keys (`PARTS`): an online softmax over tiles of keys, reading only the
+positions written so far, over the group's shared prefix in one part and over runs of the
+row's own earlier positions (and itself) in the others. The third runs a program per row tile
+and `MLP_COLUMNS` hidden columns: the parts of each head's softmax joined, the output
+projection, layer norm, and its columns of the MLP with their exact GELU. A last kernel
+applies the final norm and the dimension's head.
 The position and the prefix's end are read on the device, so the step has the same launches
 at every position, needs no host sync, and can be captured as a CUDA graph. Matrix products
 run on the tensor cores as three TF32 products each (`input_precision="tf32x3"`), which keeps

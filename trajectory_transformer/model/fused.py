@@ -99,7 +99,7 @@ def _padded(n: int) -> int:
 def decoder(
     model: TrajectoryGPT, cache: SharedPrefixKVCache
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """`model`'s decode step over `cache` as one kernel per block:
+    """`model`'s decode step over `cache` as three kernels per block and a last one (the head):
     `step(tokens (R,), position (1,) on the device) -> logits (R, N)`, for any whole copies of
     the cache's rows at a position after its prefix (not checked: that would sync). Raises
     where it cannot run (`unavailable_reason`)."""
@@ -119,7 +119,8 @@ def decoder(
     ]
     splits = -(-HID // MLP_COLUMNS)
     CP, HSP = _padded(C), _padded(HS)
-    # Four warps per program: with eight, ptxas (sm_90) spills the attention's registers.
+    # Four warps per program: with eight, ptxas (sm_90) spills the attention's registers, and
+    # a 25-env plan call on an H100 took 54.0 ms instead of 39.4.
     launch = {} if interpreted() else {"num_warps": 4}
     prefix_capacity, own_capacity = cache.prefix.max_len, cache.own.max_len
 

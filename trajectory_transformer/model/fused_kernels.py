@@ -252,7 +252,7 @@ def mlp_kernel(
     x_ptr,  # (R, C) the stream entering this block
     a_ptr,  # (R, C) out: the stream after this block's attention
     partial_ptr,  # (SPLITS, R, C) out: this block's MLP, per hidden tile
-    acc_ptr,  # (2, R, C) the attention's parts (attention_kernel)
+    acc_ptr,  # (PARTS, R, C) the attention's parts (attention_kernel)
     max_ptr,
     sum_ptr,
     w_proj,  # (C, C)

@@ -62,9 +62,14 @@ def residual_stream(a_ptr, partial_ptr, b_out, rows, cols, tile, col_ok, R, C, S
 
 
 @triton.jit
-def online_softmax(scores, values, m_i, l_i, acc):
-    """Fold one tile of scores (R, K) and their values (R, K, HSP) into the running maximum,
-    sum and weighted values of each row."""
+def attend_tile(q, m_i, l_i, acc, k_ptr, v_ptr, offsets, load_ok, visible, scale):
+    """Fold one tile of keys and values (R, K, HSP), each row its own, at `offsets` into the
+    online softmax of the queries q (R, HSP): the running maximum, sum and weighted values of
+    each row. `visible` (1, K) masks the scores."""
+    keys = tl.load(k_ptr + offsets, mask=load_ok, other=0.0)
+    scores = tl.sum(q[:, None, :] * keys, axis=2) * scale  # (R, K)
+    scores = tl.where(visible, scores, float("-inf"))
+    values = tl.load(v_ptr + offsets, mask=load_ok, other=0.0)
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     alpha = tl.exp(m_i - m_new)
     probs = tl.exp(scores - m_new[:, None])
@@ -171,11 +176,7 @@ def attention_kernel(
     # Part 0: the shared prefix; parts 1 to PARTS - 1: consecutive runs of the row's own
     # earlier positions, the token itself in part 1.
     part = tl.program_id(2)
-    rows = tl.program_id(0) * BR + tl.arange(0, BR)
-    row_ok = rows < R
-    hcols = tl.arange(0, HSP)
-    h_ok = hcols < HS
-    head_tile = row_ok[:, None] & h_ok[None, :]
+    rows, row_ok, hcols, h_ok, head_tile = row_tile(R, HS, BR, HSP)  # the head's columns
     out = head * HS + hcols
     position = tl.load(position_ptr)
     prefix_end = tl.load(prefix_end_ptr)
@@ -213,11 +214,9 @@ def attention_kernel(
                 offsets = ((group[:, None, None] * NH + head) * P_CAP + p[None, :, None]) * HS
                 offsets += hcols[None, None, :]
                 load_ok = row_ok[:, None, None] & visible[None, :, None] & h_ok[None, None, :]
-                keys = tl.load(prefix_k + offsets, mask=load_ok, other=0.0)
-                scores = tl.sum(q[:, None, :] * keys, axis=2) * scale  # (BR, KB)
-                scores = tl.where(visible[None, :], scores, float("-inf"))
-                values = tl.load(prefix_v + offsets, mask=load_ok, other=0.0)
-                m_i, l_i, acc = online_softmax(scores, values, m_i, l_i, acc)
+                m_i, l_i, acc = attend_tile(
+                    q, m_i, l_i, acc, prefix_k, prefix_v, offsets, load_ok, visible[None, :], scale
+                )
     else:
         if part == 1:  # the token itself, always visible
             slot = ((rows[:, None] * NH + head) * L_CAP + own) * HS + hcols[None, :]
@@ -236,11 +235,9 @@ def attention_kernel(
             offsets = ((rows[:, None, None] * NH + head) * L_CAP + o[None, :, None]) * HS
             offsets += hcols[None, None, :]
             load_ok = row_ok[:, None, None] & visible[None, :, None] & h_ok[None, None, :]
-            keys = tl.load(own_k + offsets, mask=load_ok, other=0.0)
-            scores = tl.sum(q[:, None, :] * keys, axis=2) * scale
-            scores = tl.where(visible[None, :], scores, float("-inf"))
-            values = tl.load(own_v + offsets, mask=load_ok, other=0.0)
-            m_i, l_i, acc = online_softmax(scores, values, m_i, l_i, acc)
+            m_i, l_i, acc = attend_tile(
+                q, m_i, l_i, acc, own_k, own_v, offsets, load_ok, visible[None, :], scale
+            )
     stats = (part * R + rows) * NH + head
     tl.store(max_ptr + stats, m_i, mask=row_ok)
     tl.store(sum_ptr + stats, l_i, mask=row_ok)

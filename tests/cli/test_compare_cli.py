@@ -68,12 +68,51 @@ def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
         assert "Joblib" in (result.stdout + result.stderr)
 
 
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
-    result = run_module(
-        "trajectory_transformer.cli.compare", "compare.K=0", f"hydra.run.dir={tmp_path}"
-    )
+def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_path):
+    """`stop_after=1` of at most two interims: the first is played and reported, undecided;
+    run again with it, only the report is written; without it, the second interim follows."""
+    create_dataset("test/tiny-v0")
+    command = [
+        "trajectory_transformer.cli.compare",
+        *TINY_COMPARISON,
+        "compare.K=2",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    first = run_module(*command, "stop_after=1", timeout=300)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "stopped after interim 1 of at most 2 (stop_after=1)" in first.stdout
+    assert "| continue (undecided so far) | 1 |" in first.stdout
+    state = json.loads((tmp_path / "compare.json").read_text())
+    assert not state["finished"] and len(state["scores"]) == 1
+    with open(tmp_path / "decisions.csv") as file:
+        assert [row["decision"] for row in csv.DictReader(file)] == ["continue"]
+    assert (tmp_path / "comparison_scores.png").is_file()
+
+    report = run_module(*command, "stop_after=1", timeout=300)
+    assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
+    assert "interim0-eval" in first.stdout
+    assert "interim0-eval" not in report.stdout and "interim 2/2" not in report.stdout
+    assert "| continue (undecided so far) | 1 |" in report.stdout
+
+    rest = run_module(*command, timeout=300)
+    assert rest.returncode == 0, rest.stdout[-3000:] + rest.stderr[-3000:]
+    assert "interim 2/2" in rest.stdout and "stopped after" not in rest.stdout
+    state = json.loads((tmp_path / "compare.json").read_text())
+    assert state["finished"] and len(state["scores"]) == 2
+    assert "not told apart within this budget" in rest.stdout
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("compare.K=0", "compare.K must be at least 1, got 0"),
+        ("stop_after=0", "stop_after must be at least 1 interim, got 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, override, message):
+    result = run_module("trajectory_transformer.cli.compare", override, f"hydra.run.dir={tmp_path}")
     assert result.returncode == 2
-    assert result.stderr.strip() == "error: compare.K must be at least 1, got 0"
+    assert result.stderr.strip() == f"error: {message}"
 
 
 TINY_CRITIC = [

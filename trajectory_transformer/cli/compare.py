@@ -267,6 +267,8 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         spec.validate()
     except ComparisonError as error:
         raise ConfigError(str(error)) from None
+    if cfg.stop_after is not None and cfg.stop_after < 1:
+        raise ConfigError(f"stop_after must be at least 1 interim, got {cfg.stop_after}")
     dataset = comparison_dataset(spec)
     check_agents(spec, dataset)
     state = ComparisonState.load_or_start(root, spec)
@@ -278,7 +280,7 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         f"at most K={spec.K} interims, alpha={spec.alpha}; state in {root / 'compare.json'}"
         + ("" if trainings_root == root else f"; models and critics in {trainings_root}")
     )
-    while not decider.finished:
+    while not decider.finished and len(state.scores) < (cfg.stop_after or spec.K):
         index = len(state.scores)
         interim = plan_interim(spec, index, decider.playing(), root, critic_data, trainings_root)
         critics = sum(job.kind == "critic" for job in interim.trainings)
@@ -306,6 +308,13 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         state.save(root)
         undecided = [pair for pair, d in state.decisions.items() if d == "continue"]
         print(f"after interim {index + 1}: {len(undecided)} comparisons undecided", flush=True)
+    if not decider.finished:
+        print(
+            f"stopped after interim {len(state.scores)} of at most {spec.K} (stop_after="
+            f"{cfg.stop_after}): the decisions so far; the same command without stop_after "
+            "continues",
+            flush=True,
+        )
     costs: dict[str, dict[str, dict]] = {}
     for index, played in enumerate(state.scores):  # each interim's jobs, planned again
         interim = plan_interim(spec, index, list(played), root, critic_data, trainings_root)

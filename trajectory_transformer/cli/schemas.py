@@ -302,4 +302,9 @@ class CompareConfig:
     comparison's run directory. Comparisons given the same folder train what they have in
     common once: the same dataset, training overrides and seed. Continue a comparison with
     the folder it started with, or it trains its models again."""
+    stop_after: int | None = None
+    """Stop once this many interims are scored, those of earlier runs included, and write the
+    tables and figures of the decisions so far (undecided ones read `continue`); a run with
+    nothing left to play before it only writes them. None: play until AdaStop has decided
+    or `compare.K` interims are scored. The same command without it continues."""
     job: CompareJobConfig = field(default_factory=CompareJobConfig)

@@ -649,6 +649,8 @@ def decisions_markdown(rows: list[dict], normalized: bool, reference: dict | Non
         decision = row["decision"]
         if decision == "equal":
             decision = f"equal ({EQUAL_MEANS})"
+        elif decision == "continue":
+            decision = "continue (undecided so far)"
         lines.append(
             f"| {row['comparison']} | {row['mean_1']:.1f} | {row['mean_2']:.1f} | "
             f"{row['mean_difference']:+.1f} | {decision} | {row['interims']} | "

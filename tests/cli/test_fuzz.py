@@ -107,6 +107,7 @@ COMPARE_KEYS = [
     "compare.pairing",
     "compare.compare_to",
     "compare.alpah",
+    "stop_after",
 ]
 
 

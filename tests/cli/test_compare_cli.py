@@ -80,6 +80,7 @@ def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_pat
     ]
     first = run_module(*command, "stop_after=1", timeout=300)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "interim0-eval" in first.stdout
     assert "stopped after interim 1 of at most 2 (stop_after=1)" in first.stdout
     assert "| continue (undecided so far) | 1 |" in first.stdout
     state = json.loads((tmp_path / "compare.json").read_text())
@@ -90,7 +91,6 @@ def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_pat
 
     report = run_module(*command, "stop_after=1", timeout=300)
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
-    assert "interim0-eval" in first.stdout
     assert "interim0-eval" not in report.stdout and "interim 2/2" not in report.stdout
     assert "| continue (undecided so far) | 1 |" in report.stdout
 

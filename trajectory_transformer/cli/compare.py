@@ -280,7 +280,7 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         f"at most K={spec.K} interims, alpha={spec.alpha}; state in {root / 'compare.json'}"
         + ("" if trainings_root == root else f"; models and critics in {trainings_root}")
     )
-    while not decider.finished and len(state.scores) < (cfg.stop_after or spec.K):
+    while not decider.finished and (cfg.stop_after is None or len(state.scores) < cfg.stop_after):
         index = len(state.scores)
         interim = plan_interim(spec, index, decider.playing(), root, critic_data, trainings_root)
         critics = sum(job.kind == "critic" for job in interim.trainings)

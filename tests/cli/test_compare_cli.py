@@ -3,12 +3,19 @@
 import csv
 import fcntl
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 from conftest import TINY_TRAINING, create_dataset, run_module
 
-from trajectory_transformer.cli.compare import run_job
+from trajectory_transformer.cli import compare as compare_cli
+from trajectory_transformer.cli.compare import INTERRUPTED, launch, run_job
+from trajectory_transformer.comparison.protocol import Job
 
 
 def hydra_list(overrides: list[str]) -> str:
@@ -242,3 +249,111 @@ def test_a_job_waits_for_the_lock_on_its_run_dir_then_skips_what_was_finished(tm
     waiting.join(timeout=10)
     assert not waiting.is_alive()
     assert not (run_dir / "job.log").exists()  # nothing was run
+
+
+def eval_jobs(tmp_path, count: int) -> tuple[str, list[dict]]:
+    """A sweep's jobs file of `count` evaluations, none of them done."""
+    jobs = [
+        {"kind": "eval", "args": [], "run_dir": str(tmp_path / f"evaluation{i}")}
+        for i in range(count)
+    ]
+    jobs_file = tmp_path / "jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    return str(jobs_file), jobs
+
+
+def test_a_job_stopped_by_ctrl_c_stops_the_jobs_after_it(tmp_path, monkeypatch, capsys):
+    """tt-train exits with 130 after Ctrl-C. A launcher whose workers go on taking jobs then
+    starts nothing more: the sweep's folder holds the mark."""
+    jobs_file, _ = eval_jobs(tmp_path, 2)
+    monkeypatch.setattr(Job, "command", lambda self: ["-c", "import sys; sys.exit(130)"])
+    run_job(jobs_file, 0)
+    assert (tmp_path / INTERRUPTED).exists()
+    run_job(jobs_file, 1)
+    out = capsys.readouterr().out
+    assert "job 0 (eval) interrupted" in out
+    assert "job 1 (eval) not started: the comparison was interrupted" in out
+    assert not (tmp_path / "evaluation1" / "job.log").exists()
+
+
+def test_a_failed_job_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    jobs_file, _ = eval_jobs(tmp_path, 2)
+    monkeypatch.setattr(Job, "command", lambda self: ["-c", "import sys; sys.exit(1)"])
+    run_job(jobs_file, 0)
+    run_job(jobs_file, 1)
+    assert not (tmp_path / INTERRUPTED).exists()
+    assert capsys.readouterr().out.count("failed with exit code 1") == 2
+
+
+# The job's command: on SIGINT, take a moment (as a checkpoint does), write it, exit 130.
+CHECKPOINTING_CHILD = """
+import pathlib, signal, sys, time
+def stop(*_):
+    time.sleep(1.0)
+    pathlib.Path({saved!r}).write_text("step 7")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+pathlib.Path({ready!r}).touch()
+time.sleep(60)
+"""
+
+
+def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path):
+    """Ctrl-C reaches the whole process group. `subprocess.run` would kill the training a
+    quarter of a second after it; the job waits for its checkpoint, then stops the sweep."""
+    jobs_file, _ = eval_jobs(tmp_path, 1)
+    saved, ready = tmp_path / "saved", tmp_path / "ready"
+    child = CHECKPOINTING_CHILD.format(saved=str(saved), ready=str(ready))
+    script = (
+        "from trajectory_transformer.comparison.protocol import Job\n"
+        "from trajectory_transformer.cli.compare import run_job\n"
+        f"Job.command = lambda self: ['-c', {child!r}]\n"
+        f"run_job({jobs_file!r}, 0)\n"
+    )
+    sweep = subprocess.Popen(
+        [sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert sweep.poll() is None, sweep.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(sweep.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        if sweep.poll() is None:
+            os.killpg(sweep.pid, signal.SIGKILL)
+    assert saved.read_text() == "step 7"
+    assert sweep.returncode != 0 and b"KeyboardInterrupt" in stderr
+    assert (tmp_path / INTERRUPTED).exists()
+
+
+class FakeSweep:
+    """In place of the multirun process: each of its jobs runs `act`."""
+
+    def __init__(self, act):
+        self.act = act
+
+    def __call__(self, command):
+        self.command = command
+        return self
+
+    def wait(self):
+        self.act()
+        return 0
+
+
+def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeypatch):
+    _, jobs = eval_jobs(tmp_path, 1)
+    folder = tmp_path / "jobs" / "interim0-eval"
+    folder.mkdir(parents=True)
+    (folder / INTERRUPTED).touch()  # left by an earlier, interrupted run
+
+    def the_job_is_interrupted():
+        assert not (folder / INTERRUPTED).exists()  # this run starts the jobs afresh
+        (folder / INTERRUPTED).touch()
+
+    monkeypatch.setattr(compare_cli.subprocess, "Popen", FakeSweep(the_job_is_interrupted))
+    with pytest.raises(KeyboardInterrupt):
+        launch([Job(**job) for job in jobs], tmp_path, "interim0-eval", [])

@@ -13,6 +13,7 @@ import contextlib
 import csv
 import fcntl
 import json
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -183,6 +184,28 @@ def launcher_overrides() -> list[str]:
     ]
 
 
+INTERRUPTED = "interrupted"
+"""Left in a sweep's folder by a job that Ctrl-C stopped: the sweep's jobs not yet started then
+start nothing (a launcher's workers may go on taking jobs), and the comparison ends."""
+
+INTERRUPTED_MESSAGE = (
+    "interrupted: the trainings that were running wrote their checkpoints, and finished "
+    "trainings and evaluations are kept. Run the same command again to continue."
+)
+
+
+def wait_through_interrupt(process: subprocess.Popen) -> int:
+    """Wait for `process` to end and return its exit code. Ctrl-C reaches it too (one process
+    group), and a training answers by writing its checkpoint: wait for that before passing
+    the interrupt on, where `subprocess.run` would kill it after a quarter of a second. A
+    second Ctrl-C stops the training at once, and this wait with it."""
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.wait()
+        raise
+
+
 def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     """Run the jobs not done yet as one multirun of this command, with the `launcher`
     overrides; returns how many ran."""
@@ -205,7 +228,11 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     ]
     kinds = Counter(job.kind for job in pending)
     print(f"{label}: {', '.join(f'{n} {kind}' for kind, n in kinds.items())} jobs", flush=True)
-    subprocess.run(command, check=False)
+    interrupted = folder / INTERRUPTED
+    interrupted.unlink(missing_ok=True)  # a previous run's: this one continues it
+    wait_through_interrupt(subprocess.Popen(command))
+    if interrupted.exists():
+        raise KeyboardInterrupt
     failed = [job for job in pending if not job.done()]
     if failed:
         raise ComparisonError(
@@ -220,13 +247,18 @@ def run_job(jobs_file: str, index: int) -> None:
     """Job mode: run job `index` of `jobs_file`, its output in `<run dir>/job.log`. A training
     (of a model or a critic) that was interrupted continues from its checkpoint. The job holds
     a lock on its run directory: another comparison that shares its trainings waits for it,
-    then finds the training finished."""
+    then finds the training finished. After Ctrl-C the job waits for its training's checkpoint,
+    and the sweep's jobs not yet started start nothing."""
     job = Job(**json.loads(Path(jobs_file).read_text())[index])
     folder = Path(job.run_dir)
     folder.mkdir(parents=True, exist_ok=True)
+    interrupted = Path(jobs_file).parent / INTERRUPTED
     with open(folder / ".lock", "w") as lock:
         with contextlib.suppress(OSError):  # a file system without locks: run unguarded
             fcntl.flock(lock, fcntl.LOCK_EX)
+        if interrupted.exists():
+            print(f"job {index} ({job.kind}) not started: the comparison was interrupted")
+            return
         if job.done():
             print(f"job {index} ({job.kind}) was finished by another run: {folder}")
             return
@@ -234,9 +266,19 @@ def run_job(jobs_file: str, index: int) -> None:
         if job.checkpoint is not None and job.checkpoint.is_file():
             args.append(f"resume={job.checkpoint}")
         with open(folder / "job.log", "w") as log:
-            done = subprocess.run([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        print(f"job {index} ({job.kind}) failed with exit code {done.returncode}: {folder}")
+            try:
+                process = subprocess.Popen(
+                    [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT
+                )
+                returncode = wait_through_interrupt(process)
+            except KeyboardInterrupt:
+                interrupted.touch()
+                raise
+    if returncode in (130, -signal.SIGINT):  # tt-train's exit code after Ctrl-C, or the signal
+        interrupted.touch()
+        print(f"job {index} ({job.kind}) interrupted: {folder}")
+    elif returncode != 0:
+        print(f"job {index} ({job.kind}) failed with exit code {returncode}: {folder}")
 
 
 def run_interim(
@@ -367,7 +409,11 @@ def main(cfg: DictConfig) -> None:
     if cfg.job.file is not None:
         run_job(cfg.job.file, cfg.job.index)
     else:
-        compare(cfg, Path(HydraConfig.get().runtime.output_dir), launcher_overrides())
+        try:
+            compare(cfg, Path(HydraConfig.get().runtime.output_dir), launcher_overrides())
+        except KeyboardInterrupt:
+            print(INTERRUPTED_MESSAGE, file=sys.stderr)
+            sys.exit(130)
 
 
 if __name__ == "__main__":

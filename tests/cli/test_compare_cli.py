@@ -285,22 +285,26 @@ def test_a_failed_job_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.count("failed with exit code 1") == 2
 
 
-# The job's command: on SIGINT, take a moment (as a checkpoint does), write it, exit 130.
+# The job's command: Ctrl-C is Python's KeyboardInterrupt, unless the signal is ignored; it
+# takes a moment to write its checkpoint (as tt-train does), then exits with 130.
 CHECKPOINTING_CHILD = """
-import pathlib, signal, sys, time
-def stop(*_):
+import pathlib, sys, time
+pathlib.Path({ready!r}).touch()
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
     time.sleep(1.0)
     pathlib.Path({saved!r}).write_text("step 7")
     sys.exit(130)
-signal.signal(signal.SIGINT, stop)
-pathlib.Path({ready!r}).touch()
-time.sleep(60)
 """
 
 
-def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("sweep_ignores_ctrl_c", [False, True])
+def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path, sweep_ignores_ctrl_c):
     """Ctrl-C reaches the whole process group. `subprocess.run` would kill the training a
-    quarter of a second after it; the job waits for its checkpoint, then stops the sweep."""
+    quarter of a second after it; the job waits for its checkpoint, then stops the sweep. A
+    local launcher's processes ignore Ctrl-C (so they never kill their jobs on it): the job
+    still answers it."""
     jobs_file, _ = eval_jobs(tmp_path, 1)
     saved, ready = tmp_path / "saved", tmp_path / "ready"
     child = CHECKPOINTING_CHILD.format(saved=str(saved), ready=str(ready))
@@ -311,7 +315,11 @@ def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path):
         f"run_job({jobs_file!r}, 0)\n"
     )
     sweep = subprocess.Popen(
-        [sys.executable, "-c", script], start_new_session=True, stderr=subprocess.PIPE
+        [sys.executable, "-c", script],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=compare_cli.ignore_interrupts if sweep_ignores_ctrl_c else None,
     )
     try:
         deadline = time.monotonic() + 120
@@ -319,14 +327,24 @@ def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path):
             assert sweep.poll() is None, sweep.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline
             time.sleep(0.05)
+        time.sleep(0.2)  # into its sleep
         os.killpg(sweep.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        _, stderr = sweep.communicate(timeout=60)
+        stdout, stderr = sweep.communicate(timeout=60)
     finally:
         if sweep.poll() is None:
             os.killpg(sweep.pid, signal.SIGKILL)
     assert saved.read_text() == "step 7"
-    assert sweep.returncode != 0 and b"KeyboardInterrupt" in stderr
     assert (tmp_path / INTERRUPTED).exists()
+    if sweep_ignores_ctrl_c:
+        assert sweep.returncode == 0 and b"job 0 (eval) interrupted" in stdout
+    else:
+        assert sweep.returncode != 0 and b"KeyboardInterrupt" in stderr
+
+
+def test_only_a_launcher_on_this_machine_is_kept_from_ctrl_c():
+    assert compare_cli.runs_jobs_here([])
+    assert compare_cli.runs_jobs_here(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"])
+    assert not compare_cli.runs_jobs_here(["hydra/launcher=submitit_slurm"])
 
 
 class FakeSweep:
@@ -335,8 +353,8 @@ class FakeSweep:
     def __init__(self, act):
         self.act = act
 
-    def __call__(self, command):
-        self.command = command
+    def __call__(self, command, preexec_fn=None):
+        self.command, self.preexec_fn = command, preexec_fn
         return self
 
     def wait(self):
@@ -354,6 +372,8 @@ def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeyp
         assert not (folder / INTERRUPTED).exists()  # this run starts the jobs afresh
         (folder / INTERRUPTED).touch()
 
-    monkeypatch.setattr(compare_cli.subprocess, "Popen", FakeSweep(the_job_is_interrupted))
+    sweep = FakeSweep(the_job_is_interrupted)
+    monkeypatch.setattr(compare_cli.subprocess, "Popen", sweep)
     with pytest.raises(KeyboardInterrupt):
         launch([Job(**job) for job in jobs], tmp_path, "interim0-eval", [])
+    assert sweep.preexec_fn is compare_cli.ignore_interrupts  # the default launcher is local

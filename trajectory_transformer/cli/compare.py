@@ -194,6 +194,25 @@ INTERRUPTED_MESSAGE = (
 )
 
 
+def ignore_interrupts() -> None:
+    """In a local sweep's process, before it starts: a launcher that saw Ctrl-C would kill its
+    jobs, trainings included, before their checkpoints are written; the jobs answer it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def answer_interrupts() -> None:
+    """In a job's process, before it starts: Ctrl-C is its to answer, whatever its launcher
+    ignores."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def runs_jobs_here(launcher: list[str]) -> bool:
+    """Whether the launcher runs the jobs on this machine, in reach of this terminal's Ctrl-C
+    (Hydra's default launcher, or joblib's), rather than on a cluster."""
+    chosen = [o.split("=", 1)[1] for o in launcher if o.startswith("hydra/launcher=")]
+    return not chosen or chosen[-1] in ("basic", "joblib")
+
+
 def wait_through_interrupt(process: subprocess.Popen) -> int:
     """Wait for `process` to end and return its exit code. Ctrl-C reaches it too (one process
     group), and a training answers by writing its checkpoint: wait for that before passing
@@ -230,7 +249,10 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     print(f"{label}: {', '.join(f'{n} {kind}' for kind, n in kinds.items())} jobs", flush=True)
     interrupted = folder / INTERRUPTED
     interrupted.unlink(missing_ok=True)  # a previous run's: this one continues it
-    wait_through_interrupt(subprocess.Popen(command))
+    here = runs_jobs_here(launcher)
+    wait_through_interrupt(
+        subprocess.Popen(command, preexec_fn=ignore_interrupts if here else None)
+    )
     if interrupted.exists():
         raise KeyboardInterrupt
     failed = [job for job in pending if not job.done()]
@@ -268,7 +290,10 @@ def run_job(jobs_file: str, index: int) -> None:
         with open(folder / "job.log", "w") as log:
             try:
                 process = subprocess.Popen(
-                    [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT
+                    [sys.executable, *args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=answer_interrupts,
                 )
                 returncode = wait_through_interrupt(process)
             except KeyboardInterrupt:

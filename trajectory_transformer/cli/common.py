@@ -47,6 +47,10 @@ from trajectory_transformer.training.trainer import NonFiniteLossError, TrainerC
 # in a checkout, an editable install and a wheel alike.
 CONFIG_DIR = "pkg://trajectory_transformer.configs"
 
+INTERRUPTED_EXIT_CODE = 130
+"""How a command stopped by Ctrl-C exits (128 + SIGINT, as a shell reports it): tt-compare
+reads it from its jobs."""
+
 
 class ConfigError(ValueError):
     """A config key that no schema knows, or settings that do not fit together."""

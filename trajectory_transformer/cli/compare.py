@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from trajectory_transformer.cli.common import (
+    INTERRUPTED_EXIT_CODE,
     ConfigError,
     check_settings,
     command,
@@ -299,7 +300,7 @@ def run_job(jobs_file: str, index: int) -> None:
             except KeyboardInterrupt:
                 interrupted.touch()
                 raise
-    if returncode in (130, -signal.SIGINT):  # tt-train's exit code after Ctrl-C, or the signal
+    if returncode in (INTERRUPTED_EXIT_CODE, -signal.SIGINT):  # a training's answer, or the signal
         interrupted.touch()
         print(f"job {index} ({job.kind}) interrupted: {folder}")
     elif returncode != 0:
@@ -438,7 +439,7 @@ def main(cfg: DictConfig) -> None:
             compare(cfg, Path(HydraConfig.get().runtime.output_dir), launcher_overrides())
         except KeyboardInterrupt:
             print(INTERRUPTED_MESSAGE, file=sys.stderr)
-            sys.exit(130)
+            sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 if __name__ == "__main__":

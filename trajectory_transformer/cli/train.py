@@ -28,6 +28,7 @@ from trajectory_transformer.checkpoint import (
     save_atomic,
 )
 from trajectory_transformer.cli.common import (
+    INTERRUPTED_EXIT_CODE,
     ConfigError,
     command,
     resolve_device,
@@ -341,7 +342,7 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     except KeyboardInterrupt:
         if dist.is_main:
             print(interrupted_message(trainer, checkpoint_path, cfg.resume), file=sys.stderr)
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT_CODE)
     finally:
         if wandb_run is not None:
             wandb_run.finish()

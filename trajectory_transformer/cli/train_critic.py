@@ -15,7 +15,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from trajectory_transformer.checkpoint import CheckpointError, save_atomic
-from trajectory_transformer.cli.common import command, resolve_device, to_container
+from trajectory_transformer.cli.common import (
+    INTERRUPTED_EXIT_CODE,
+    command,
+    resolve_device,
+    to_container,
+)
 from trajectory_transformer.cli.schemas import TrainCriticConfig
 from trajectory_transformer.cli.train import MetricsLog, make_wandb_logger
 from trajectory_transformer.critic.model import (
@@ -94,7 +99,7 @@ def train_critic(cfg: TrainCriticConfig) -> Path:
             f"`tt-train-critic <same overrides> resume={checkpoint}`",
             file=sys.stderr,
         )
-        sys.exit(130)
+        sys.exit(INTERRUPTED_EXIT_CODE)
     finally:
         if wandb_run is not None:
             wandb_run.finish()

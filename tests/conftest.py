@@ -208,9 +208,12 @@ def tiny_gpt(
     sequence_transitions: int = 3,
     seed: int = 0,
     embedding_dim: int = 16,
+    value_inputs: bool = False,
 ):
     """A 2-layer, 2-head TrajectoryGPT (16 wide unless told) in eval mode, with seeded random
-    weights."""
+    weights. With `value_inputs`, seeded random value inputs too: what each token decodes to,
+    each dimension's range and normalisation, and a map of values large enough to matter
+    (`set_value_inputs` again for a discretizer's)."""
     import torch
 
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
@@ -225,8 +228,23 @@ def tiny_gpt(
         n_head=2,
         embedding_dim=embedding_dim,
         dropout=0.0,
+        value_inputs=value_inputs,
     )
-    return TrajectoryGPT(config).eval()
+    model = TrajectoryGPT(config).eval()
+    if value_inputs:
+        T = config.transition_dim
+        decoded = torch.randn(T, n_bins).sort(dim=1).values
+        low, high = decoded[:, 0] - 0.1, decoded[:, -1] + 0.1
+        model.set_value_inputs(decoded, low, high, torch.randn(T), torch.rand(T) + 0.5)
+        with torch.no_grad():
+            model.value_weight.normal_(0.0, 0.5)
+    return model
+
+
+def set_discretizer_values(model, discretizer):
+    """`model`'s value inputs from `discretizer`, as tt-train sets them; returns the model."""
+    model.set_value_inputs(discretizer.values, *discretizer.value_normalisation())
+    return model
 
 
 TINY_TRAINING = [
@@ -274,10 +292,11 @@ def structured_transitions(episodes: int = 20, length: int = 15, seed: int = 0):
     return np.concatenate(rows).astype(np.float32), np.full(episodes, length)
 
 
-def tiny_training(seed: int = 0, device="cpu", **trainer_overrides):
+def tiny_training(seed: int = 0, device="cpu", value_inputs: bool = False, **trainer_overrides):
     """(model, windows, discretizer, trainer config) of a 2-layer, 32-wide model with dropout on
     `structured_transitions`: 300 windows of 4 transitions, 40 steps of 16; the model on
-    `device`, where the trainer runs."""
+    `device`, where the trainer runs. With `value_inputs`, the model takes the windows' real
+    values, normalised as tt-train sets them."""
     import torch
 
     from trajectory_transformer.data.discretizer import Discretizer
@@ -287,7 +306,7 @@ def tiny_training(seed: int = 0, device="cpu", **trainer_overrides):
 
     transitions, lengths = structured_transitions()
     discretizer = Discretizer.fit(transitions, 16, "uniform")
-    windows = TokenWindows(transitions, lengths, discretizer, sequence_transitions=4)
+    windows = TokenWindows(transitions, lengths, discretizer, 4, real_values=value_inputs)
     torch.manual_seed(seed)
     config = GPTConfig(
         observation_dim=2,
@@ -298,10 +317,14 @@ def tiny_training(seed: int = 0, device="cpu", **trainer_overrides):
         n_head=2,
         embedding_dim=32,
         dropout=0.1,
+        value_inputs=value_inputs,
     )
     settings = dict(batch_size=16, learning_rate=3e-3, max_steps=40, log_every=1)
     cfg = TrainerConfig(**(settings | {"checkpoint_every": 1000} | trainer_overrides))
-    return TrajectoryGPT(config).to(device), windows, discretizer, cfg
+    model = TrajectoryGPT(config)
+    if value_inputs:
+        set_discretizer_values(model, discretizer)
+    return model.to(device), windows, discretizer, cfg
 
 
 def tiny_training_info():

@@ -9,6 +9,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_training, tiny_training_info
@@ -20,6 +21,7 @@ from trajectory_transformer.checkpoint import (
     read_payload,
     save_atomic,
 )
+from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.training.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,8 +40,10 @@ def tagged_as_cuda():
         registry.remove(entry)
 
 
-def trained_checkpoint(path: Path, steps: int = 3, finished: bool = False) -> Path:
-    model, windows, discretizer, cfg = tiny_training()
+def trained_checkpoint(
+    path: Path, steps: int = 3, finished: bool = False, value_inputs: bool = False
+) -> Path:
+    model, windows, discretizer, cfg = tiny_training(value_inputs=value_inputs)
     trainer = Trainer(
         model, windows, replace(cfg, max_steps=6), lambda s: path, seed=0, progress=False
     )
@@ -147,7 +151,7 @@ def test_a_checkpoint_of_another_format_version_says_which(tmp_path):
     path = trained_checkpoint(tmp_path / "checkpoint.pt")
     payload = torch.load(path, weights_only=True)
     save_atomic(payload | {"format_version": 99}, path)
-    with pytest.raises(CheckpointError, match="format 99; this version reads formats 1, 2"):
+    with pytest.raises(CheckpointError, match="format 99; this version reads formats 1, 2, 3"):
         load_checkpoint(path)
 
 
@@ -169,3 +173,67 @@ def test_a_format_1_checkpoint_decodes_as_before_with_one_notice(tmp_path):
     x = torch.linspace(-3, 3, 50)[:, None].expand(50, edges.shape[0]).contiguous()
     before = torch.searchsorted(edges[:, 1:-1].contiguous(), x.T.contiguous(), right=True).T
     assert torch.equal(loaded.discretizer.encode(x), before)
+
+
+def greedy_plan(path: Path):
+    """The plan of the checkpoint at `path`, greedy, for two steps of a fixed episode."""
+    planner = BeamPlanner.from_checkpoint(
+        path, deterministic=True, horizon=2, beam_width=3, context_transitions=1
+    )
+    planner.reset(1)
+    observation = np.array([[0.3, -0.2]], dtype=np.float32)
+    planner.act(observation)
+    planner.observe(np.array([0.5]), np.array([False]))
+    return planner.plan(observation + 0.01)
+
+
+def test_a_model_with_value_inputs_round_trips_with_its_normalisation(tmp_path):
+    path = trained_checkpoint(tmp_path / "checkpoint.pt", value_inputs=True)
+    payload = torch.load(path, weights_only=True)
+    assert payload["format_version"] == 3 and payload["model_config"]["value_inputs"]
+    loaded = load_checkpoint(path)
+    discretizer = loaded.discretizer
+    assert discretizer.mean is not None and discretizer.std is not None
+    low, high, loc, scale = discretizer.value_normalisation()
+    model = loaded.model
+    assert torch.equal(model.input_loc, loc) and torch.equal(model.input_scale, scale)
+    assert torch.equal(model.input_low, low) and torch.equal(model.input_high, high)
+    dims = torch.arange(model.config.transition_dim)
+    expected = model.normalise_values(discretizer.values.T, dims).T
+    assert torch.equal(model.token_inputs, expected)
+    first, second = greedy_plan(path), greedy_plan(path)
+    assert torch.equal(first.tokens, second.tokens)
+
+
+def test_a_format_2_checkpoint_loads_resumes_and_plans_as_before(tmp_path):
+    """Format 2 knew no value inputs and no data moments: it loads as the paper's model,
+    plans as it did, and resumes under a config without value inputs."""
+    from trajectory_transformer.checkpoint import check_compatible
+    from trajectory_transformer.model import GPTConfig
+
+    path = trained_checkpoint(tmp_path / "checkpoint.pt")
+    before = greedy_plan(path)
+    payload = torch.load(path, weights_only=True)
+    payload["format_version"] = 2
+    del payload["model_config"]["value_inputs"]
+    for key in ("mean", "std"):
+        del payload["discretizer"][key]
+    old = save_atomic(payload, tmp_path / "old" / "checkpoint.pt")
+    loaded = load_checkpoint(old)
+    assert not loaded.model.config.value_inputs and loaded.discretizer.mean is None
+    after = greedy_plan(old)
+    assert torch.equal(after.tokens, before.tokens)
+    assert torch.equal(after.scores, before.scores)
+    dataset_config = {"discount": 0.99, "terminal_penalty": -100.0, "discretizer": "uniform"}
+    dataset_config |= {"n_bins": 16, "bin_values": "mean"}
+    config = GPTConfig(**read_payload(old)["model_config"])
+    check_compatible(read_payload(old), config, tiny_training_info(), dataset_config)
+    with pytest.raises(CheckpointError, match=r"model\.value_inputs: checkpoint False, now True"):
+        check_compatible(
+            read_payload(old),
+            replace(config, value_inputs=True),
+            tiny_training_info(),
+            dataset_config,
+        )
+    with pytest.raises(ValueError, match="format 1 or 2"):
+        loaded.discretizer.value_normalisation()

@@ -11,7 +11,7 @@ import os
 import pickle
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -21,9 +21,12 @@ from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
-FORMAT_VERSION = 2
-"""2: the discretizer stores what each token decodes to (bin means); 1: edges only (midpoints)."""
-READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3
+"""3: the model may take real values as inputs (`value_inputs`, with its normalisation in the
+weights) and the discretizer stores its data's mean and standard deviation; 2: the
+discretizer stores what each token decodes to (bin means); 1: edges only (midpoints).
+Older formats load as they were trained: tokens alone."""
+READABLE_FORMATS = (1, 2, 3)
 
 
 class CheckpointError(ValueError):
@@ -177,9 +180,11 @@ def check_compatible(
             differences.append(f"{name}: checkpoint {saved!r}, now {now!r}")
 
     saved_model = payload["model_config"]
+    # A field that an older checkpoint lacks had its default then (value_inputs: off).
+    defaults = {f.name: f.default for f in fields(GPTConfig) if f.default is not MISSING}
     for key, value in asdict(model_config).items():
         if key not in GPTConfig.EXECUTION_FIELDS:  # how training runs may change on resume
-            compare(f"model.{key}", saved_model.get(key), value)
+            compare(f"model.{key}", saved_model.get(key, defaults.get(key)), value)
     saved_data = payload["dataset"]
     for key in ("dataset_id", "observation_dim", "action_dim", "num_transitions"):
         compare(f"dataset.{key}", saved_data.get(key), getattr(dataset, key))

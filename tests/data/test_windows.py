@@ -13,7 +13,8 @@ def test_windows_stay_in_their_episode_and_mask_padding():
     assert len(windows) == 8
     all_tokens = discretizer.encode(torch.as_tensor(transitions))
 
-    tokens, mask = windows.batch(torch.tensor([1, 3, 7]))
+    tokens, mask, values = windows.batch(torch.tensor([1, 3, 7]))
+    assert values is None
     assert tokens.shape == (3, 8) and mask.shape == (3, 8)
     # Window 1: episode 0 steps 1, 2, then two padded transitions.
     assert torch.equal(tokens[0, :4], all_tokens[1:3].flatten())
@@ -35,7 +36,7 @@ def test_tokens_are_stored_in_the_smallest_type_and_batches_come_as_int64():
         assert windows.tokens.dtype == stored
         assert windows.to("cpu") is windows
         ids = torch.tensor([0, 19, 20, 49])
-        tokens, mask = windows.batch(ids)
+        tokens, mask, _ = windows.batch(ids)
         assert tokens.dtype == torch.int64 and mask.dtype == torch.bool
         expected = discretizer.encode(torch.as_tensor(transitions))
         assert torch.equal(tokens[1, :3], expected[19])  # the top bins survive the narrow type

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import cuda_only, tiny_gpt
+from conftest import cuda_only, set_discretizer_values, tiny_gpt
 
 from trajectory_transformer.checkpoint import build_payload, save_atomic
 from trajectory_transformer.data.discretizer import Discretizer
@@ -20,9 +20,13 @@ SMALL = dict(horizon=3, beam_width=4, n_expand=2, context_transitions=2, cdf_act
 
 
 def tiny_model(
-    seed: int = 0, sequence_transitions: int = 6, n_bins: int = N, scale: float = 8.0
+    seed: int = 0,
+    sequence_transitions: int = 6,
+    n_bins: int = N,
+    scale: float = 8.0,
+    value_inputs: bool = False,
 ) -> TrajectoryGPT:
-    model = tiny_gpt(OBS, ACT, n_bins, sequence_transitions, seed)
+    model = tiny_gpt(OBS, ACT, n_bins, sequence_transitions, seed, value_inputs=value_inputs)
     with torch.no_grad():  # larger weights than the init, so that beams and tokens differ
         for p in model.parameters():
             p.mul_(scale)
@@ -113,11 +117,16 @@ def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(
     assert plan.tokens.device.type == device
 
 
-def test_greedy_planner_with_the_fused_step_equals_naive(fused_device):
+@pytest.mark.parametrize("value_inputs", [False, True])
+def test_greedy_planner_with_the_fused_step_equals_naive(fused_device, value_inputs):
     # On CUDA the whole search is captured around the fused step.
+    disc = tiny_discretizer()
+    model = tiny_model(value_inputs=value_inputs)
+    if value_inputs:
+        set_discretizer_values(model, disc)
     planner = BeamPlanner(
-        tiny_model(),
-        tiny_discretizer(),
+        model,
+        disc,
         device=fused_device,
         deterministic=True,
         decode="fused",
@@ -128,9 +137,34 @@ def test_greedy_planner_with_the_fused_step_equals_naive(fused_device):
     obs = run_steps(planner, 1, {0: [0]})  # two history lengths: two groups of envs
     plan = planner.plan(obs)
     reference = naive_plan(
-        planner.model, planner.discretizer, planner.context_tokens(obs), planner.config
+        planner.model,
+        planner.discretizer,
+        planner.context_tokens(obs),
+        planner.config,
+        context_values=planner.context_values(obs),
     )
     assert_same_plan(plan, reference)
+
+
+@pytest.mark.parametrize("device, decode, cuda_graph", PLANNER_PATHS)
+def test_a_planner_with_value_inputs_equals_naive_given_the_real_context(
+    device, decode, cuda_graph
+):
+    """The context carries the real values seen (the observations, the actions played, the
+    rewards); every token the search feeds back carries what it decodes to, which the naive
+    reference appends beside it."""
+    disc = tiny_discretizer()
+    model = set_discretizer_values(tiny_model(value_inputs=True), disc)
+    settings = dict(deterministic=True, decode=decode, cuda_graph=cuda_graph, **SMALL)
+    planner = BeamPlanner(model, disc, device=device, **settings)
+    planner.reset(3)
+    obs = run_steps(planner, 5, {3: [2]})
+    contexts, values = planner.context_tokens(obs), planner.context_values(obs)
+    plan = planner.plan(obs)
+    assert_same_plan(plan, naive_plan(model, disc, contexts, planner.config, context_values=values))
+    # The real values matter: given what the context's tokens decode to, another plan.
+    decoded = naive_plan(model, disc, contexts, planner.config)
+    assert not torch.allclose(plan.scores, decoded.scores, atol=1e-3)
 
 
 def test_the_fused_step_is_refused_where_it_cannot_run(monkeypatch):
@@ -241,6 +275,14 @@ def test_context_keeps_whole_recent_transitions() -> None:
         assert row[OBS + ACT] == disc.encode(torch.tensor([r[0]]), slice(OBS + ACT, T - 1))[0]
         assert row[-1] == 0  # value placeholder
     assert torch.equal(context[0][-OBS:], disc.encode(torch.as_tensor(obs[0]), slice(0, OBS)))
+    # The real values beside them, exactly as seen; the placeholder's is what it decodes to.
+    values = planner.context_values(obs)
+    assert [len(v) for v in values] == [len(c) for c in context]
+    past = values[0][:-OBS].view(2, T)
+    for row, (o, a, r) in zip(past, seen[-2:], strict=True):
+        assert torch.equal(row[: OBS + ACT + 1], torch.as_tensor(np.r_[o[0], a[0], r[0]]))
+        assert row[-1] == disc.values[-1, 0]
+    assert torch.equal(values[0][-OBS:], torch.as_tensor(obs[0]))
 
 
 def test_inactive_envs_are_masked_without_changing_the_others() -> None:

@@ -32,6 +32,42 @@ def test_a_short_run_lowers_the_loss(tmp_path, device):
     assert losses[-1] < 0.6 * losses[0]
 
 
+def test_a_model_with_value_inputs_learns_from_the_windows_real_values(tmp_path):
+    model, windows, _, cfg = tiny_training(value_inputs=True)
+    given = []
+    forward = model.forward
+
+    def recording_forward(tokens, values=None):
+        given.append(values)
+        return forward(tokens, values)
+
+    model.forward = recording_forward
+    losses = []
+    trainer = Trainer(
+        model,
+        windows,
+        replace(cfg, max_steps=80),
+        lambda s: tmp_path / "x",
+        log=lambda m, step: losses.append(m["train/loss"]),
+        progress=False,
+    )
+    trainer.train()
+    assert losses[-1] < 0.6 * losses[0]
+    # Every step saw the values beside its tokens: the windows' own, as inputs.
+    assert len(given) == 80 and all(v is not None for v in given)
+    T = windows.transition_dim
+    assert given[0].shape == (cfg.batch_size, windows.sequence_transitions * T - 1)
+    first = given[0][:, :T]  # each window's first transition: a row of the data, exactly
+    assert (first[:, None] == windows.values[None]).all(-1).any(-1).all()
+
+
+def test_a_model_with_value_inputs_refuses_windows_without_values(tmp_path):
+    model, _, _, cfg = tiny_training(value_inputs=True)
+    _, windows, _, _ = tiny_training()
+    with pytest.raises(ValueError, match="real_values=True"):
+        Trainer(model, windows, cfg, lambda s: tmp_path / "x", progress=False)
+
+
 def test_loss_weights_follow_the_target_dimension():
     model, _, _, cfg = tiny_training()
     weights = loss_weights(model, cfg)

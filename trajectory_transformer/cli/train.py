@@ -274,15 +274,19 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         raise ConfigError(str(error)) from None
     if resume is not None:
         check_compatible(resume, model_config, info, config["dataset"], split)
-    sequence = model_config.sequence_transitions
-    windows = TokenWindows(transitions, episodes.lengths, discretizer, sequence)
+    sequence, real_values = model_config.sequence_transitions, model_config.value_inputs
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, sequence, real_values)
     validation = None
     if held_out is not None:
         held_out_transitions = joint_transitions(
             held_out, cfg.dataset.discount, cfg.dataset.terminal_penalty
         )
-        validation = TokenWindows(held_out_transitions, held_out.lengths, discretizer, sequence)
+        validation = TokenWindows(
+            held_out_transitions, held_out.lengths, discretizer, sequence, real_values
+        )
     model = TrajectoryGPT(model_config).to(device)
+    if model_config.value_inputs:
+        model.set_value_inputs(discretizer.values, *discretizer.value_normalisation())
     if dist.rank > 0:
         torch.manual_seed(cfg.seed + dist.rank)  # dropout masks of its own on every rank
     checkpoint_path = run_dir / "checkpoint.pt"

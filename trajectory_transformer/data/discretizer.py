@@ -70,10 +70,13 @@ class Discretizer:
         values: torch.Tensor | None = None,
         effective_bins: torch.Tensor | None = None,
         bin_values: str = "midpoint",
+        mean: torch.Tensor | None = None,
+        std: torch.Tensor | None = None,
     ) -> None:
         """`edges` (D, N + 1) non-decreasing; `values` (D, N) what each token decodes to
         (default: bin midpoints); `effective_bins` (D,) tokens in use per dimension, the lowest
-        ones (default: all N)."""
+        ones (default: all N); `mean` and `std` (D,) of the data it was fitted to (a model's
+        value inputs are normalised by them; checkpoints before format 3 have none)."""
         if edges.ndim != 2 or edges.shape[1] < 2:
             raise ValueError(f"edges must be (dims, n_bins + 1), got {tuple(edges.shape)}")
         self.strategy = strategy
@@ -85,6 +88,8 @@ class Discretizer:
         if effective_bins is None:
             effective_bins = torch.full((D,), N, dtype=torch.long)
         self.effective_bins = effective_bins.to(device=self.edges.device, dtype=torch.long)
+        self.mean = None if mean is None else mean.to(self.edges)  # (D,)
+        self.std = None if std is None else std.to(self.edges)  # (D,)
         # Token k starts at threshold k - 1: searchsorted over the inner edges of the bins in
         # use gives 0..bins-1 with clipping at both ends; +inf keeps unused tokens unreachable.
         inner = torch.arange(1, N, device=self.edges.device)  # (N - 1,)
@@ -111,6 +116,10 @@ class Discretizer:
             raise ValueError(f"n_bins must be in [2, {MAX_BINS}], got {n_bins}")
         # Encoding runs in float32, so the bins are fitted to the float32 values.
         data = np.asarray(data, dtype=np.float32)
+        moments = {
+            "mean": torch.from_numpy(data.mean(axis=0, dtype=np.float64).astype(np.float32)),
+            "std": torch.from_numpy(data.std(axis=0, dtype=np.float64).astype(np.float32)),
+        }
         if strategy == "uniform":
             low, high = data.min(axis=0), data.max(axis=0)
             grid = np.linspace(low, high, n_bins + 1, axis=1).astype(np.float32)  # (D, N + 1)
@@ -118,7 +127,7 @@ class Discretizer:
             levels = np.linspace(0.0, 1.0, n_bins + 1)
             grid = np.quantile(data.astype(np.float64), levels, axis=0).T.astype(np.float32)
         if bin_values == "midpoint":
-            return cls(torch.from_numpy(grid), strategy, bin_values="midpoint")
+            return cls(torch.from_numpy(grid), strategy, bin_values="midpoint", **moments)
 
         D = data.shape[1]
         edges = np.empty((D, n_bins + 1), dtype=np.float32)
@@ -133,6 +142,7 @@ class Discretizer:
             torch.from_numpy(values),
             torch.from_numpy(effective_bins),
             bin_values="mean",
+            **moments,
         )
 
     @property
@@ -154,7 +164,24 @@ class Discretizer:
             self.values.to(device),
             self.effective_bins.to(device),
             self.bin_values,
+            self.mean,
+            self.std,
         )
+
+    def value_normalisation(self) -> tuple[torch.Tensor, ...]:
+        """(low, high, loc, scale), each (D,): how a model's value inputs are normalised.
+        Values clip to the fitted range [low, high], as tokens clip to the edge bins, then
+        are centred on the data's mean and divided by its standard deviation (1 for a
+        constant dimension)."""
+        if self.mean is None or self.std is None:
+            raise ValueError(
+                "this discretizer does not know its data's mean and spread (a checkpoint of "
+                "format 1 or 2): fit a new one for a model with value inputs"
+            )
+        top = (self.effective_bins - 1).clamp_min(0)[:, None]  # (D, 1): the last bin in use
+        low, high = self.edges[:, 0], self.edges.gather(1, top + 1)[:, 0]
+        scale = torch.where(self.std > 0, self.std, torch.ones_like(self.std))
+        return low, high, self.mean, scale
 
     def _dims(self, dims: slice | torch.Tensor | None) -> slice | torch.Tensor:
         return slice(None) if dims is None else dims
@@ -226,6 +253,7 @@ class Discretizer:
             "effective_bins": self.effective_bins.cpu(),
             "strategy": self.strategy,
             "bin_values": self.bin_values,
+            **({} if self.mean is None else {"mean": self.mean.cpu(), "std": self.std.cpu()}),
         }
 
     @classmethod
@@ -237,6 +265,8 @@ class Discretizer:
             state.get("values"),
             state.get("effective_bins"),
             state.get("bin_values", "midpoint"),
+            state.get("mean"),
+            state.get("std"),
         )
 
 

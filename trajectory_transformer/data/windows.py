@@ -8,6 +8,9 @@ The tokens are stored in the smallest integer type that holds `n_bins` bins (one
 to 256 bins, 8x less than int64) and live on the training device (`to(device)`), so that a
 batch is gathered where it is used; the embedding takes int64 indices, so each batch is
 widened on that device after its gather.
+
+With `real_values`, the windows also keep each token's real value (float32), for a model that
+takes them as inputs (`model.value_inputs`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class TokenWindows:
         lengths: np.ndarray,
         discretizer: Discretizer,
         sequence_transitions: int,
+        real_values: bool = False,
     ) -> None:
         length = sequence_transitions
         tokens = discretizer.encode(torch.as_tensor(transitions, device=discretizer.device))
@@ -58,6 +62,10 @@ class TokenWindows:
         self.tokens[rows] = tokens.to(dtype)
         self.valid = torch.zeros(total, dtype=torch.bool)  # (N + pad,)
         self.valid[rows] = True
+        self.values = None  # (N + pad, T) float32, with real_values
+        if real_values:
+            self.values = torch.zeros(total, transition_dim)
+            self.values[rows] = torch.as_tensor(transitions, dtype=torch.float32)
         self.starts = rows  # (W,) one window per real transition
         self.sequence_transitions = length
         self.transition_dim = transition_dim
@@ -70,10 +78,15 @@ class TokenWindows:
     def device(self) -> torch.device:
         return self.tokens.device
 
+    def _tensors(self) -> tuple[str, ...]:
+        return ("tokens", "valid", "starts", "_offsets") + (
+            ("values",) if self.values is not None else ()
+        )
+
     @property
     def nbytes(self) -> int:
-        """Memory held by the windows: tokens, validity and window starts."""
-        return sum(t.nbytes for t in (self.tokens, self.valid, self.starts, self._offsets))
+        """Memory held by the windows: tokens, real values, validity and window starts."""
+        return sum(getattr(self, name).nbytes for name in self._tensors())
 
     def to(self, device: torch.device | str) -> TokenWindows:
         """The same windows with their tensors on `device` (self when they are there)."""
@@ -81,15 +94,19 @@ class TokenWindows:
         if device == self.device:
             return self
         moved = copy.copy(self)
-        for name in ("tokens", "valid", "starts", "_offsets"):
+        for name in self._tensors():
             setattr(moved, name, getattr(self, name).to(device))
         return moved
 
-    def batch(self, window_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Token sequences (B, L * T) as int64 and their loss mask (B, L * T) for the given
-        windows, on the windows' device."""
+    def batch(
+        self, window_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Token sequences (B, L * T) as int64, their loss mask (B, L * T) and their real
+        values (B, L * T) (None without `real_values`) for the given windows, on the windows'
+        device."""
         window_ids = window_ids.to(self.device, non_blocking=True)
         rows = self.starts[window_ids, None] + self._offsets  # (B, L)
         tokens = self.tokens[rows].flatten(1).long()  # (B, L * T)
         mask = self.valid[rows].repeat_interleave(self.transition_dim, dim=1)  # (B, L * T)
-        return tokens, mask
+        values = None if self.values is None else self.values[rows].flatten(1)  # (B, L * T)
+        return tokens, mask, values

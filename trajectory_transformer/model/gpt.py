@@ -58,6 +58,13 @@ class GPTConfig:
     own position included, as in the original code (its residual stream still carries it).
     The effect is measured in the README; the native CPU decoder implements True, and False
     decodes with the PyTorch modules."""
+    value_inputs: bool = False
+    """Each token's real value as a second input: normalised per dimension (clipped to the
+    data's range, then centred and scaled by the data's mean and standard deviation), times a
+    learned vector per dimension, added to the token's embedding. Real transitions carry
+    their observed values; a token without one (an imagined token fed back by the search)
+    carries what it decodes to, the mean of its bin. False is the paper's model: tokens
+    alone. The outputs stay categorical either way."""
 
     DATA_FIELDS: typing.ClassVar[tuple[str, ...]] = ("observation_dim", "action_dim", "n_bins")
     """The fields that a dataset and its discretizer fix; the others are the architecture."""
@@ -193,6 +200,17 @@ class TrajectoryGPT(nn.Module):
         T, N, d = config.transition_dim, config.n_bins, config.embedding_dim
         self.tok_emb = nn.Embedding(T * N, d)  # one table, offset per dimension
         self.pos_emb = nn.Embedding(config.block_size, d)
+        if config.value_inputs:
+            # The linear map of a token's normalised value into the stream, one per dimension.
+            self.value_weight = nn.Parameter(torch.empty(T, d))
+            # How each dimension's values are normalised, and what each token decodes to
+            # (normalised): set from the discretizer with `set_value_inputs`, saved with the
+            # weights. Until then values pass unchanged and tokens decode to 0.
+            self.register_buffer("input_low", torch.full((T,), -torch.inf))
+            self.register_buffer("input_high", torch.full((T,), torch.inf))
+            self.register_buffer("input_loc", torch.zeros(T))
+            self.register_buffer("input_scale", torch.ones(T))
+            self.register_buffer("token_inputs", torch.zeros(T, N))
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(d)
@@ -206,6 +224,8 @@ class TrajectoryGPT(nn.Module):
         self.register_buffer("mask", mask, persistent=False)
         self.apply(self._init_weights)
         nn.init.normal_(self.head_weight, mean=0.0, std=0.02)
+        if config.value_inputs:
+            nn.init.normal_(self.value_weight, mean=0.0, std=0.02)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -219,6 +239,66 @@ class TrajectoryGPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
+    # --- value inputs ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def set_value_inputs(
+        self,
+        token_values: torch.Tensor,
+        low: torch.Tensor,
+        high: torch.Tensor,
+        loc: torch.Tensor,
+        scale: torch.Tensor,
+    ) -> None:
+        """Fix how real values enter (`value_inputs`): per dimension (T,), values are clipped
+        to [low, high] (the data's range, as tokens clip to the edge bins), then centred on
+        `loc` and divided by `scale`; `token_values` (T, N) are what the tokens decode to,
+        the input of a token fed back without a value of its own."""
+        if not self.config.value_inputs:
+            raise ValueError("this model has no value inputs (model.value_inputs=false)")
+        for name, tensor in (("low", low), ("high", high), ("loc", loc), ("scale", scale)):
+            getattr(self, f"input_{name}").copy_(torch.as_tensor(tensor).reshape(-1))
+        if not bool((self.input_scale > 0).all()):
+            raise ValueError("value input scales must be positive")
+        T = self.config.transition_dim
+        dims = torch.arange(T, device=self.token_inputs.device)
+        self.token_inputs.copy_(self.normalise_values(torch.as_tensor(token_values).T, dims).T)
+
+    def normalise_values(self, values: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
+        """Real values (..., S) of dimensions `dims` (S,) as the model takes them: clipped to
+        their dimension's range, centred and scaled."""
+        values = values.to(self.input_loc)
+        clipped = torch.minimum(torch.maximum(values, self.input_low[dims]), self.input_high[dims])
+        return (clipped - self.input_loc[dims]) / self.input_scale[dims]
+
+    def embedding_table(self) -> torch.Tensor:
+        """(T * N, d): the input of every token without a value of its own, the value input
+        of its decoded value included. The decode paths read their embeddings from it."""
+        if not self.config.value_inputs:
+            return self.tok_emb.weight
+        N = self.config.n_bins
+        weight = self.value_weight.repeat_interleave(N, dim=0)  # (T * N, d)
+        return self.tok_emb.weight + self.token_inputs.reshape(-1, 1) * weight
+
+    def _embed(
+        self,
+        tokens: torch.Tensor,
+        positions: slice | torch.Tensor,
+        values: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Token embeddings (B, S, d) of tokens (B, S) at `positions`, with their value inputs:
+        `values` (B, S) real values, or None for what the tokens decode to."""
+        offsets = self.token_offsets[positions]  # (S,)
+        if not self.config.value_inputs or values is None:
+            return F.embedding(tokens + offsets, self.embedding_table())
+        if values.shape != tokens.shape:
+            raise ValueError(
+                f"values {tuple(values.shape)} must have the tokens' shape {tuple(tokens.shape)}"
+            )
+        dims = offsets // self.config.n_bins  # (S,)
+        normalised = self.normalise_values(values, dims)  # (B, S)
+        return self.tok_emb(tokens + offsets) + normalised[..., None] * self.value_weight[dims]
+
     # --- trunk and heads ------------------------------------------------------------------
 
     def _trunk(
@@ -226,8 +306,10 @@ class TrajectoryGPT(nn.Module):
         tokens: torch.Tensor,
         start: int | torch.Tensor = 0,
         cache: KVCache | SharedPrefixKVCache | None = None,
+        values: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S).
+        """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S), with
+        their real `values` (B, S) or (None) what they decode to.
 
         A `start` held in a device tensor (1,) is a decode step (S = 1, with a cache): its
         bounds are the caller's to check, since reading them would sync with the device."""
@@ -243,7 +325,7 @@ class TrajectoryGPT(nn.Module):
                     f"{self.config.block_size} tokens"
                 )
             positions = slice(start, end)
-        x = self.tok_emb(tokens + self.token_offsets[positions])  # (B, S, d)
+        x = self._embed(tokens, positions, values)  # (B, S, d)
         x = self.drop(x + self.pos_emb.weight[positions])  # (B, S, d)
         # Without a cache the positions are [0, S); a cache applies the mask rows itself.
         S = tokens.shape[1]
@@ -269,13 +351,15 @@ class TrajectoryGPT(nn.Module):
 
     # --- public API -----------------------------------------------------------------------
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, values: torch.Tensor | None = None) -> torch.Tensor:
         """Logits (B, S, N) for tokens (B, S) of raw bin indices; position i predicts i+1.
+        With `value_inputs`, `values` (B, S) are the tokens' real values (None: what the
+        tokens decode to); without, they are ignored.
 
         Tokens are not range-checked (that would sync with the device): an index outside
         [0, n_bins) silently reads another dimension's embedding.
         """
-        return self._heads(self._trunk(tokens))
+        return self._heads(self._trunk(tokens, values=values))
 
     def new_cache(self, rows: int, max_len: int | None = None) -> KVCache:
         """An empty KVCache for `rows` sequences of up to `max_len` (<= block_size) tokens."""
@@ -314,15 +398,20 @@ class TrajectoryGPT(nn.Module):
         )
 
     def prefill(
-        self, tokens: torch.Tensor, cache: KVCache | SharedPrefixKVCache, start: int = 0
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | SharedPrefixKVCache,
+        start: int = 0,
+        values: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run tokens (B, S) at positions [start, start+S), caching their keys and values.
+        """Run tokens (B, S) at positions [start, start+S), with their real `values` (B, S)
+        (see `forward`), caching their keys and values.
 
         Attends over the cached [0, start+S) under the training mask. Returns (B, S, N).
         With a SharedPrefixKVCache, a prefill from 0 writes the shared prefix (B groups) and a
         later one extends every row after it.
         """
-        return self._heads(self._trunk(tokens, start, cache), start)
+        return self._heads(self._trunk(tokens, start, cache, values), start)
 
     def decode_step(
         self,
@@ -340,6 +429,7 @@ class TrajectoryGPT(nn.Module):
         self, cache: KVCache | SharedPrefixKVCache
     ) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor]:
         """`decode_step` bound to one cache: `step(tokens (B,), position) -> logits (B, N)`.
+        A decoded token's value input is what it decodes to (`embedding_table`).
 
         A planner makes a hundred dependent decode steps per search, so what can be looked up
         once (parameters, cache buffers, which path applies) is looked up here. The position

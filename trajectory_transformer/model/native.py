@@ -191,6 +191,7 @@ class PreparedWeights:
     eps: list[float]
     """Per block: ln_1's and ln_2's epsilon."""
     tok_emb: torch.Tensor
+    """`model.embedding_table()`: with value inputs, each token's decoded value included."""
     pos_emb: torch.Tensor
     ln_f_weight: torch.Tensor
     ln_f_bias: torch.Tensor
@@ -206,12 +207,12 @@ _prepared: weakref.WeakKeyDictionary[TrajectoryGPT, tuple[tuple, PreparedWeights
 
 
 def _parameter_versions(model: TrajectoryGPT) -> tuple | None:
-    """Changes whenever a parameter does: an in-place change (an optimiser step,
+    """Changes whenever a parameter or buffer does: an in-place change (an optimiser step,
     `load_state_dict`, an edit under `no_grad`) bumps its version counter, and a new tensor
     (`.to()`, `.data = ...`) has another address. Like autograd, it cannot see writes through
     `.data`. None where a parameter was made under `inference_mode`: such tensors keep no
     version counter."""
-    parameters = list(model.parameters())
+    parameters = [*model.parameters(), *model.buffers()]
     if any(p.is_inference() for p in parameters):
         return None
     return tuple((p._version, p.data_ptr()) for p in parameters)
@@ -240,7 +241,7 @@ def _prepare(model: TrajectoryGPT) -> PreparedWeights:
     return PreparedWeights(
         layers=[[t.detach() for t in layer] for layer in layers],
         eps=eps,
-        tok_emb=model.tok_emb.weight.detach(),
+        tok_emb=model.embedding_table().detach(),
         pos_emb=model.pos_emb.weight.detach(),
         ln_f_weight=model.ln_f.weight.detach(),
         ln_f_bias=model.ln_f.bias.detach(),

@@ -241,11 +241,14 @@ class BeamPlanner:
         # Shift buffer of each env's last K real transitions, oldest first; the valid ones are
         # the last `_history[e]`.
         self._context = torch.zeros(E, K, T, dtype=torch.long, device=self.device)
+        # ... and their real values, the inputs of a model with value inputs.
+        self._context_values = torch.zeros(E, K, T, device=self.device)
         self._history = np.zeros(E, dtype=np.int64)
         self._plan_actions = torch.zeros(E, H, n_act, device=self.device)  # best plan, decoded
         self._plan_tokens = torch.zeros(E, H, n_act, dtype=torch.long, device=self.device)
         self._plan_age = np.full(E, H, dtype=np.int64)  # steps taken since the last plan
         self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
+        self._pending_values: torch.Tensor | None = None  # (E, T) its real values
         self._pending_envs = np.zeros(E, dtype=bool)
         self.last_plan: Plan | None = None  # the latest search of `act`, all beams
 
@@ -331,6 +334,12 @@ class BeamPlanner:
         transition[:, self.observation_dim : -2] = self._plan_tokens[envs, age]
         transition[:, -1] = VALUE_PLACEHOLDER
         self._pending = transition
+        # The values the env sees: the observation, the action played; the reward follows.
+        real = torch.zeros(self.num_envs, self.transition_dim, device=self.device)
+        real[:, : self.observation_dim] = obs
+        real[:, self.observation_dim : -2] = actions
+        real[:, -1] = self._placeholder_value
+        self._pending_values = real
         self._pending_envs = mask.copy()
         self._plan_age[mask] += 1
         return actions.cpu().numpy()
@@ -344,20 +353,28 @@ class BeamPlanner:
             r = torch.as_tensor(rewards, dtype=torch.float32, device=self.device).reshape(-1, 1)
             dim = self.observation_dim + self.action_dim
             self._pending[:, dim] = self.discretizer.encode(r, slice(dim, dim + 1))[:, 0]
+            self._pending_values[:, dim] = r[:, 0]
             envs = self._upload(np.flatnonzero(self._pending_envs))
             if self.config.context_transitions > 0:
-                shifted = torch.cat([self._context[envs, 1:], self._pending[envs, None]], dim=1)
-                self._context[envs] = shifted
+                for kept, new in (
+                    (self._context, self._pending),
+                    (self._context_values, self._pending_values),
+                ):
+                    kept[envs] = torch.cat([kept[envs, 1:], new[envs, None]], dim=1)
             K = self.config.context_transitions
             self._history[self._pending_envs] = np.minimum(self._history[self._pending_envs] + 1, K)
-        self._pending, self._pending_envs = None, np.zeros(self.num_envs, dtype=bool)
+        self._pending, self._pending_values = None, None
+        self._pending_envs = np.zeros(self.num_envs, dtype=bool)
         self._history[dones] = 0
         self._plan_age[dones] = self.config.horizon
 
-    def set_history(self, env: int, transitions: torch.Tensor) -> None:
+    def set_history(
+        self, env: int, transitions: torch.Tensor, values: torch.Tensor | None = None
+    ) -> None:
         """Make `transitions` (n, T) tokens, oldest first, env `env`'s last n <= context
         real transitions, as if it had acted and observed them (a benchmark's context, or
-        an episode resumed mid-way)."""
+        an episode resumed mid-way). `values` (n, T) are their real values, for a model with
+        value inputs (default: what the tokens decode to)."""
         K, T = self.config.context_transitions, self.transition_dim
         n = transitions.shape[0]
         if transitions.ndim != 2 or transitions.shape[1] != T or n > K:
@@ -365,7 +382,15 @@ class BeamPlanner:
                 f"a history is (n, {T}) tokens with n <= {K} (context_transitions), got "
                 f"{tuple(transitions.shape)}"
             )
-        self._context[env, K - n :] = transitions.to(self._context)
+        if values is not None and values.shape != transitions.shape:
+            raise ValueError(
+                f"the history's values {tuple(values.shape)} must have its tokens' shape"
+            )
+        transitions = transitions.to(self._context)
+        if values is None:
+            values = self.discretizer.decode(transitions)
+        self._context[env, K - n :] = transitions
+        self._context_values[env, K - n :] = values.to(self._context_values)
         self._history[env] = n
 
     def _encode_observations(self, obs: torch.Tensor) -> torch.Tensor:
@@ -379,6 +404,20 @@ class BeamPlanner:
             torch.cat([self._context[e, K - int(n) :].reshape(-1), obs[e]])
             for e, n in enumerate(self._history)
         ]
+
+    def context_values(self, observations: np.ndarray | torch.Tensor) -> list[torch.Tensor]:
+        """The real values of `context_tokens`: what a model with value inputs is given."""
+        obs = self._as_batch(observations)
+        K = self.config.context_transitions
+        return [
+            torch.cat([self._context_values[e, K - int(n) :].reshape(-1), obs[e]])
+            for e, n in enumerate(self._history)
+        ]
+
+    @property
+    def _placeholder_value(self) -> torch.Tensor:
+        """The real value stored with `VALUE_PLACEHOLDER`: what it decodes to (hidden too)."""
+        return self.discretizer.values[self.transition_dim - 1, VALUE_PLACEHOLDER]
 
     # --- planning -------------------------------------------------------------------------
 
@@ -394,7 +433,9 @@ class BeamPlanner:
         searches write their results into preallocated tensors."""
         c = self.config
         E, B, H, T = self.num_envs, c.beam_width, c.horizon, self.transition_dim
-        obs_tokens = self._encode_observations(self._as_batch(observations))  # (E, O)
+        obs = self._as_batch(observations)  # (E, O)
+        obs_tokens = self._encode_observations(obs)  # (E, O)
+        value_inputs = self.model.config.value_inputs
         mask = self._mask(active)
         tokens = torch.zeros(E, B, H, T, dtype=torch.long, device=self.device)
         rewards = torch.zeros(E, B, H, device=self.device)
@@ -407,8 +448,13 @@ class BeamPlanner:
             index = self._upload(envs)
             K = c.context_transitions
             past = self._context[index, K - n :].reshape(len(envs), n * T)  # (G, n*T)
+            context = torch.cat([past, obs_tokens[index]], dim=1)  # (G, n*T + O)
+            real = None
+            if value_inputs:
+                past = self._context_values[index, K - n :].reshape(len(envs), n * T)
+                real = torch.cat([past, obs[index]], dim=1)  # (G, n*T + O)
             generators = [self.generators[e] for e in envs]
-            search = self._search(torch.cat([past, obs_tokens[index]], dim=1), cache, generators)
+            search = self._search(context, cache, generators, real)
             tokens[index] = search.tokens
             rewards[index] = search.rewards
             values[index] = search.values
@@ -540,17 +586,22 @@ class BeamPlanner:
         return scores
 
     def _search(
-        self, context: torch.Tensor, cache: SharedPrefixKVCache, generators: list[torch.Generator]
+        self,
+        context: torch.Tensor,
+        cache: SharedPrefixKVCache,
+        generators: list[torch.Generator],
+        context_values: torch.Tensor | None = None,
     ) -> _Search:
-        """Beam search from contexts (G, n*T + O) of one length, env g drawing its random
-        numbers from `generators[g]`; see the module docstring.
+        """Beam search from contexts (G, n*T + O) of one length, with their real values (for
+        a model with value inputs; the planned tokens carry what they decode to), env g
+        drawing its random numbers from `generators[g]`; see the module docstring.
 
         The context's prefill and the random numbers come first; the planned transitions
         (`_plan_transitions`) then have fixed shapes and call no generator, so with
         `cuda_graph=search` they are one CUDA graph per (envs, context length)."""
         G, context_length = context.shape
         # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
-        logits = self.model.prefill(context, cache)[:, -1]  # (G, N): each env's first action
+        logits = self.model.prefill(context, cache, values=context_values)[:, -1]  # (G, N)
         if self.cuda_graph == "search":
             search = self._captured(
                 ("search", G, context_length), lambda: self._new_search(cache, G)

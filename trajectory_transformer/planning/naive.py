@@ -4,6 +4,9 @@ Deliberately plain: one environment at a time, the whole sequence re-run through
 for every token, sequences grown with `torch.cat`. It follows `BeamPlanner`'s algorithm and row
 order step by step, so with greedy sampling both return the same plans, and for a single
 environment they also draw the same random numbers (`SearchNoise`, one env's share).
+
+For a model with value inputs, each token it feeds back carries its decoded value, appended
+beside it, where the cached planner reads the same from the model's embedding table.
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ def naive_plan(
     action_low: torch.Tensor | None = None,
     action_high: torch.Tensor | None = None,
     critic: IQLCritic | None = None,
+    context_values: Sequence[torch.Tensor] | torch.Tensor | None = None,
 ) -> Plan:
     """Plan for each 1-D context (whole past transitions, then the current observation);
-    `critic` ends the scores when `config.value` is `critic` (see `BeamPlanner._score`)."""
+    `critic` ends the scores when `config.value` is `critic` (see `BeamPlanner._score`);
+    `context_values` are the contexts' real values (default: what their tokens decode to)."""
     config = (config or PlannerConfig()).resolved()
     if config.value == "critic" and critic is None:
         raise ValueError("planner.value=critic: pass the critic to score with")
@@ -40,10 +45,16 @@ def naive_plan(
         critic = None
     if isinstance(context_tokens, torch.Tensor) and context_tokens.ndim == 1:
         context_tokens = [context_tokens]
+    if isinstance(context_values, torch.Tensor) and context_values.ndim == 1:
+        context_values = [context_values]
+    if context_values is None:
+        context_values = [None] * len(context_tokens)
     model.eval()
     searches = [
-        _search_one(model, discretizer, context, config, generator, critic, action_low, action_high)
-        for context in context_tokens
+        _search_one(
+            model, discretizer, context, real, config, generator, critic, action_low, action_high
+        )
+        for context, real in zip(context_tokens, context_values, strict=True)
     ]
     tokens, rewards, values, scores = (torch.stack(parts) for parts in zip(*searches, strict=True))
     active = torch.ones(len(searches), dtype=torch.bool, device=tokens.device)
@@ -57,6 +68,7 @@ def _search_one(
     model: TrajectoryGPT,
     discretizer: Discretizer,
     context: torch.Tensor,
+    context_values: torch.Tensor | None,
     c: PlannerConfig,
     generator: torch.Generator | None,
     critic: IQLCritic | None,
@@ -69,7 +81,15 @@ def _search_one(
     base = context.numel() - n_obs
 
     def next_logits(sequences: torch.Tensor) -> torch.Tensor:
-        return model(sequences)[:, -1]  # (rows, N), the whole prefix every time
+        return model(sequences, real)[:, -1]  # (rows, N), the whole prefix every time
+
+    def extend(sequences: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """The sequences with `token` (rows,) appended, and its decoded value beside it."""
+        nonlocal real
+        dim = sequences.shape[1] % T
+        decoded = discretizer.decode(token[:, None], slice(dim, dim + 1))
+        real = torch.cat([real, decoded], dim=1)
+        return torch.cat([sequences, token[:, None]], dim=1)
 
     sampling = c.token_sampling()
     noise = SearchNoise(sampling, n_act, n_obs, model.config.n_bins, 1, B, X, H, context.device)
@@ -84,19 +104,23 @@ def _search_one(
         return discretizer.expectation(probs, dim, c.value_percentile)
 
     sequences = context[None].repeat(B * X, 1)  # (rows, len)
+    if context_values is None:  # what the context's tokens decode to
+        dims = torch.arange(context.numel(), device=context.device) % T
+        context_values = discretizer.values[dims, context]
+    real = context_values.to(torch.float32)[None].repeat(B * X, 1)  # (rows, len)
     rewards = torch.zeros(B * X, H, device=context.device)
     values = torch.zeros(B * X, H, device=context.device)
     so_far = torch.zeros(B * X, device=context.device)
     for h in range(H):
         for j in range(n_act):
             token = sample(next_logits(sequences), "act", j)
-            sequences = torch.cat([sequences, token[:, None]], dim=1)
+            sequences = extend(sequences, token)
         logits = next_logits(sequences)
         reward = expected(logits, n_obs + n_act)
-        sequences = torch.cat([sequences, sample(logits, "reward")[:, None]], dim=1)
+        sequences = extend(sequences, sample(logits, "reward"))
         logits = next_logits(sequences)
         value = expected(logits, n_obs + n_act + 1)
-        sequences = torch.cat([sequences, sample(logits, "value")[:, None]], dim=1)
+        sequences = extend(sequences, sample(logits, "value"))
         if critic is None:
             rewards[:, h], values[:, h] = reward, value
             so_far = so_far + c.discount**h * reward
@@ -108,14 +132,14 @@ def _search_one(
             so_far = so_far + c.discount**h * critic.scale_rewards(reward)
         scores, chosen = candidate_scores.topk(B)  # (B,)
         sequences, rewards, values = sequences[chosen], rewards[chosen], values[chosen]
+        real = real[chosen]
         so_far = so_far[chosen]
         if h == H - 1:
             break
         for i in range(n_obs):
-            token = sample(next_logits(sequences), "obs", i)
-            sequences = torch.cat([sequences, token[:, None]], dim=1)
-        sequences, rewards, values = (
-            t.repeat(X, *[1] * (t.ndim - 1)) for t in (sequences, rewards, values)
+            sequences = extend(sequences, sample(next_logits(sequences), "obs", i))
+        sequences, rewards, values, real = (
+            t.repeat(X, *[1] * (t.ndim - 1)) for t in (sequences, rewards, values, real)
         )
         so_far = so_far.repeat(X)
     tokens = sequences[:, base:].reshape(B, H, T)

@@ -262,6 +262,11 @@ def schedule_free_optimizer(adamw: torch.optim.AdamW, warmup_steps: int) -> torc
     )
 
 
+def _inputs(values: torch.Tensor | None) -> torch.Tensor | None:
+    """A batch's real values (B, S) as the inputs of positions [0, S - 1)."""
+    return None if values is None else values[:, :-1]
+
+
 def planned_steps(cfg: TrainerConfig, windows: int) -> tuple[int, int]:
     """(epochs, steps): explicit epochs, else the paper's reference epochs per 1M transitions."""
     steps_per_epoch = math.ceil(windows / cfg.batch_size)
@@ -308,6 +313,12 @@ class Trainer:
     ) -> None:
         self.model = model
         self.device = next(model.parameters()).device
+        for part in (windows, validation):
+            if model.config.value_inputs and part is not None and part.values is None:
+                raise ValueError(
+                    "the model takes real values (model.value_inputs) and the windows hold "
+                    "none: build them with TokenWindows(..., real_values=True)"
+                )
         # The token windows (one byte a token) live where the batches are used.
         self.windows = windows.to(self.device)
         self.cfg = cfg
@@ -583,10 +594,10 @@ class Trainer:
         """One optimisation step on the given (global) batch of windows; returns this rank's
         share of the loss (on the device; the ranks' shares sum to the batch's loss)."""
         self._rng_at_step_start = self._rng_state()
-        tokens, mask = self.windows.batch(self.dist.share(window_ids))  # on self.device
+        tokens, mask, values = self.windows.batch(self.dist.share(window_ids))  # on self.device
         token_count = self.dist.sum_(mask[:, 1:].sum(dtype=torch.float32))
         with self._autocast():
-            logits = self.forward(tokens[:, :-1])  # (B, S - 1, N)
+            logits = self.forward(tokens[:, :-1], _inputs(values))  # (B, S - 1, N)
         loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights, token_count)
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages the ranks' gradients; each share is already over the global count.
@@ -639,9 +650,9 @@ class Trainer:
         sums = torch.zeros(2 * kinds + 1, dtype=torch.float64, device=self.device)
         try:
             for ids in self._validation_ids.split(self.cfg.batch_size):
-                tokens, mask = self.validation.batch(ids)
+                tokens, mask, values = self.validation.batch(ids)
                 with self._autocast():
-                    logits = self.model(tokens[:, :-1])
+                    logits = self.model(tokens[:, :-1], _inputs(values))
                 ce = token_cross_entropy(logits, tokens[:, 1:])  # (B, S)
                 mask = mask[:, 1:].to(ce.dtype)
                 kind = self.kinds[: ce.shape[1]].expand_as(ce)

@@ -1,0 +1,138 @@
+"""Value inputs: each token's real value beside it, alike on every path that runs the model.
+
+Real tokens carry the values given; a token given none (one a search feeds back) carries what
+it decodes to. The reference is the plain forward pass over the whole sequence with every
+value spelled out.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_gpt
+
+from trajectory_transformer.model import TrajectoryGPT, native
+
+OBS, ACT, N = 3, 2, 9
+T = OBS + ACT + 2
+
+
+def value_model(seed: int = 0) -> tuple[TrajectoryGPT, torch.Tensor]:
+    """A tiny model with value inputs, and what its tokens decode to (T, N), raw."""
+    model = tiny_gpt(OBS, ACT, N, sequence_transitions=4, seed=seed, value_inputs=True)
+    g = torch.Generator().manual_seed(seed)
+    decoded = torch.randn(T, N, generator=g).sort(dim=1).values
+    loc, scale = torch.randn(T, generator=g), torch.rand(T, generator=g) + 0.5
+    model.set_value_inputs(decoded, decoded[:, 0] - 0.1, decoded[:, -1] + 0.1, loc, scale)
+    return model, decoded
+
+
+def decode(decoded: torch.Tensor, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+    """What tokens (B, S) at positions [start, start+S) decode to."""
+    dims = (torch.arange(tokens.shape[1]) + start) % T
+    return decoded[dims, tokens]
+
+
+def real_values(decoded: torch.Tensor, shape: tuple[int, int], seed: int = 1) -> torch.Tensor:
+    """Values (B, S) inside each dimension's range, but none where a token decodes to."""
+    g = torch.Generator().manual_seed(seed)
+    dims = torch.arange(shape[1]) % T
+    low, high = decoded[dims, 0], decoded[dims, -1]
+    return low + (high - low) * torch.rand(shape, generator=g)
+
+
+def random_tokens(shape: tuple[int, int], seed: int = 2) -> torch.Tensor:
+    return torch.randint(0, N, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def test_a_token_without_a_value_carries_what_it_decodes_to() -> None:
+    model, decoded = value_model()
+    tokens = random_tokens((3, model.config.block_size))
+    torch.testing.assert_close(model(tokens), model(tokens, decode(decoded, tokens)))
+    # ... and the values are used: other values, other logits.
+    assert not torch.allclose(model(tokens), model(tokens, real_values(decoded, tokens.shape)))
+
+
+@torch.no_grad()
+def test_a_value_changes_its_own_and_later_predictions_only() -> None:
+    model, decoded = value_model()
+    tokens = random_tokens((2, 3 * T))
+    values = real_values(decoded, tokens.shape)
+    changed = values.clone()
+    p = T + 1  # an action's value
+    changed[:, p] = (
+        decoded[p % T, 0] if values[0, p] > decoded[p % T].mean() else decoded[p % T, -1]
+    )
+    before, after = model(tokens, values), model(tokens, changed)
+    torch.testing.assert_close(before[:, :p], after[:, :p], rtol=0, atol=0)
+    assert (before[:, p] - after[:, p]).abs().amax() > 1e-3
+    assert (before[:, p + 1 :] - after[:, p + 1 :]).abs().amax() > 1e-5
+
+
+@torch.no_grad()
+def test_values_beyond_the_data_range_clip_to_it() -> None:
+    model, decoded = value_model()
+    tokens = random_tokens((2, 2 * T))
+    values = real_values(decoded, tokens.shape)
+    dims = torch.arange(tokens.shape[1]) % T
+    high, low = decoded[dims, -1] + 0.1, decoded[dims, 0] - 0.1
+    torch.testing.assert_close(
+        model(tokens, high.expand_as(values) + 50.0), model(tokens, high.expand_as(values))
+    )
+    torch.testing.assert_close(
+        model(tokens, low.expand_as(values) - 50.0), model(tokens, low.expand_as(values))
+    )
+
+
+def test_the_papers_model_has_no_value_inputs_and_ignores_values() -> None:
+    model = tiny_gpt(OBS, ACT, N, sequence_transitions=4)
+    assert not any("value_weight" in k or k.startswith("input_") for k in model.state_dict())
+    assert model.embedding_table() is model.tok_emb.weight
+    tokens = random_tokens((2, 2 * T))
+    with torch.no_grad():
+        assert torch.equal(model(tokens), model(tokens, torch.randn(tokens.shape)))
+    with pytest.raises(ValueError, match="no value inputs"):
+        model.set_value_inputs(torch.zeros(T, N), *torch.zeros(4, T))
+
+
+def test_value_input_settings_are_checked() -> None:
+    model, decoded = value_model()
+    with pytest.raises(ValueError, match="scales must be positive"):
+        model.set_value_inputs(
+            decoded, decoded[:, 0], decoded[:, -1], torch.zeros(T), torch.zeros(T)
+        )
+    tokens = random_tokens((2, T))
+    with pytest.raises(ValueError, match="must have the tokens' shape"):
+        model(tokens, torch.zeros(2, T - 1))
+
+
+@pytest.mark.parametrize("path", ["plain", "shared", "shared-native", "static"])
+@torch.no_grad()
+def test_real_context_then_decoded_tokens_equal_the_forward_pass(path: str) -> None:
+    """A planner's sequence: a context of real values (prefill), then tokens fed back one at a
+    time, which carry what they decode to. Every decode path equals the forward pass over the
+    whole sequence with those values spelled out."""
+    model, decoded = value_model()
+    rows, groups, context_len = 4, 2, T + OBS
+    tokens = random_tokens((rows, model.config.block_size))
+    values = decode(decoded, tokens)
+    # Two contexts of real values; row r continues context r % 2 (a shared cache's layout:
+    # two groups of one row each, in two copies).
+    context = random_tokens((groups, context_len), seed=3)
+    tokens[:, :context_len] = context.repeat(2, 1)
+    real = real_values(decoded, (groups, context_len))
+    values[:, :context_len] = real.repeat(2, 1)
+    expected = model(tokens, values)
+    if path == "plain":
+        cache = model.new_cache(rows)
+        model.prefill(tokens[:, :context_len], cache, values=values[:, :context_len])
+    else:
+        cache = model.new_shared_prefix_cache(groups, 1, rows, context_len, 2 * T)
+        model.prefill(context, cache, values=real)
+    with native.native_kernels(path == "shared-native"):
+        step = model.static_decoder(cache) if path == "static" else model.decoder(cache)
+        for position in range(context_len, context_len + 2 * T):
+            at = torch.tensor([position]) if path == "static" else position
+            logits = step(tokens[:, position], at)
+            torch.testing.assert_close(logits, expected[:, position], atol=1e-5, rtol=0)

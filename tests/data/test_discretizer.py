@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -264,3 +266,78 @@ def test_columns_without_far_gaps_keep_their_plain_quantile_edges():
         plain = np.quantile(column.astype(np.float32).astype(np.float64), np.linspace(0, 1, 51))
         np.testing.assert_allclose(fitted.edges[0].numpy(), plain.astype(np.float32), rtol=1e-6)
         assert fitted.rare_modes(column[:, None], 0) == []
+
+
+def ladder(levels: range, count: int = 20, seed: int = 9) -> np.ndarray:
+    """100,000 small rewards `0.3 |N(0, 1)|` and `count` values at each of `levels`: a bonus
+    ladder, the levels far from the bulk and from each other."""
+    bulk = 0.3 * np.abs(np.random.default_rng(seed).normal(size=100_000))
+    return np.concatenate([bulk, *(np.full(count, float(level)) for level in levels)])
+
+
+def test_a_ladder_of_rare_levels_keeps_every_level_apart():
+    rewards = ladder(range(10, 160, 10))
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    for level in range(10, 160, 10):
+        assert abs(round_trip(fitted, [float(level)])[0] - level) < 1.0
+    top = np.quantile(rewards[:100_000], 0.995)  # the bulk's own tail stays with the bulk
+    assert abs(round_trip(fitted, [top])[0] - top) < 0.1
+    modes = fitted.rare_modes(rewards[:, None], 0)
+    assert [mode.mean for mode in modes] == [float(level) for level in range(10, 160, 10)]
+    assert all(mode.count == 20 and mode.decoded_mean == mode.mean for mode in modes)
+
+
+def test_two_rare_clusters_on_one_side_keep_their_own_bins():
+    rng = np.random.default_rng(10)
+    rewards = np.concatenate(
+        [rng.normal(3.0, 0.7, 100_000), rng.normal(-97.0, 1.0, 20), rng.normal(-197.0, 1.0, 20)]
+    )
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    for cluster in (-97.0, -197.0):
+        assert abs(round_trip(fitted, [cluster])[0] - cluster) < 2.0
+    modes = fitted.rare_modes(rewards[:, None], 0)
+    assert [mode.count for mode in modes] == [20, 20]
+    for mode in modes:
+        np.testing.assert_allclose(mode.decoded_mean, mode.mean, rtol=1e-5)
+
+
+@pytest.mark.parametrize("draw", ["student_t_5", "lognormal", "exponential"])
+def test_a_heavy_tailed_continuous_column_is_not_split(draw):
+    rng = np.random.default_rng(11)
+    column = {
+        "student_t_5": lambda: rng.standard_t(5, 100_000),
+        "lognormal": lambda: rng.lognormal(0.0, 1.0, 100_000),
+        "exponential": lambda: rng.exponential(size=100_000),
+    }[draw]()
+    fitted = Discretizer.fit(column[:, None], 100, "quantile")
+    assert fitted.mode_cuts == [[]]
+    plain = np.quantile(column.astype(np.float32).astype(np.float64), np.linspace(0, 1, 101))
+    np.testing.assert_allclose(fitted.edges[0].numpy(), plain.astype(np.float32), rtol=1e-6)
+
+
+def test_more_far_levels_than_bins_can_spare_keep_the_widest_and_say_so():
+    """100 bins keep 25 cuts: of 40 levels 10 apart and 20 values each, the widest gaps
+    relative to their spread win (all alike here); the others share bins, and fit warns with
+    a number of bins that keeps them all."""
+    rewards = ladder(range(10, 410, 10))
+    with pytest.warns(UserWarning, match=r"dimension 0 has 41 modes.*n_bins=160 keeps them all"):
+        fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    assert len(fitted.mode_cuts[0]) == 25
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enough = Discretizer.fit(rewards[:, None], 160, "quantile")
+    for level in range(10, 410, 10):
+        assert abs(round_trip(enough, [float(level)])[0] - level) < 1.0
+
+
+def test_the_report_reads_the_cuts_fit_made():
+    rewards = falls(20)
+    uniform = Discretizer.fit(rewards[:, None], 100, "uniform")
+    assert uniform.mode_cuts == [[]] and uniform.rare_modes(rewards[:, None], 0) == []
+    fitted = Discretizer.fit(rewards[:, None], 100, "quantile")
+    restored = Discretizer.from_state_dict(fitted.state_dict())
+    assert restored.mode_cuts == fitted.mode_cuts and len(fitted.mode_cuts[0]) == 1
+    assert restored.rare_modes(rewards[:, None], 0) == fitted.rare_modes(rewards[:, None], 0)
+    older = fitted.state_dict()
+    del older["mode_cuts"]  # a checkpoint before format 3: the cuts are not known
+    assert Discretizer.from_state_dict(older).rare_modes(rewards[:, None], 0) == []

@@ -17,12 +17,21 @@ their equal widths and get the conditional means too: it is the decoding of leas
 error for the training data whichever the edges.
 
 Modes far apart keep bins of their own (quantile bins, `bin_values="mean"`): no bin spans a
-gap between consecutive data values that is wider than `FAR_GAP` times the interquartile range
-of the data on either side of it (the wider of the two). Without this, a rare outcome far from
-the bulk (a fall's terminal penalty, a goal bonus, a crash) shares the lowest or highest
-quantile bin with the bulk's extremes and decodes to a fraction of itself; with it, each mode
-gets at least one bin and decodes to its own mean. `rare_modes` finds the modes that hold
-fewer values than one quantile bin would (`len / n_bins`): "far" and "few".
+gap between consecutive data values that separates two modes. A gap separates modes when it
+is wider than `FAR_GAP` times the spread on either side of it (the wider), measured twice:
+over all the data on that side (its interquartile range), and over the `NEIGHBOURS` values
+next to the gap (their range). The search is recursive: once a column is cut, each part is
+searched again with its own data on either side, so a ladder of levels (a game's scores, a
+shaped bonus, penalties of several sizes) loses its levels one by one from the outside, each
+judged against its neighbours rather than against the whole ladder. Without this, a rare
+outcome far from the bulk (a fall's terminal penalty, a goal bonus, a crash) shares the lowest
+or highest quantile bin with the bulk's extremes and decodes to a fraction of itself; with it,
+each mode gets at least one bin and decodes to its own mean. The cuts are kept (`mode_cuts`),
+and `rare_modes` describes the modes they made that hold fewer values than one quantile bin.
+At most `n_bins // MODES_PER_BINS` cuts are kept per dimension, the widest relative to their
+spread first; where a column has more far modes than that, the rest share bins with their
+neighbours, and `fit` warns, naming the dimension and a number of bins that would keep them.
+A level needs about `NEIGHBOURS` values to be told from a continuous tail.
 
 `bin_values="midpoint"` is the original code's scheme: quantile edges as they fall, every token
 decoded to its bin's midpoint. Checkpoints of format 1 decode this way, as they were trained.
@@ -30,6 +39,8 @@ decoded to its bin's midpoint. Checkpoints of format 1 decode this way, as they 
 
 from __future__ import annotations
 
+import itertools
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +52,14 @@ MAX_BINS = 65_536
 """Bins per dimension at most: a token fits 16 bits, and the model's embedding and heads stay
 within reach (each is transition dims x bins x width)."""
 FAR_GAP = 5.0
-"""A gap between consecutive values wider than this many interquartile ranges of the data on
-either side (the wider) separates two modes, and no bin spans it. An exponential tail of 100k
-values has a gap this wide about once in 250 columns; a Gaussian one essentially never."""
-MODES_PER_BINS = 10
+"""A gap between consecutive values wider than this many times the spread on either side of it
+(the wider; see the module docstring) separates two modes, and no bin spans it. Of 100k values
+drawn from a normal, an exponential or a Student's t with 5 degrees of freedom, essentially
+never; from a lognormal or a t with 3, about one column in 20 loses its most extreme values to
+bins of their own; from a Cauchy, 2 in 5."""
+NEIGHBOURS = 10
+"""The values next to a gap, on either side, whose range is its local spread."""
+MODES_PER_BINS = 4
 """At most `n_bins // MODES_PER_BINS` gaps (the widest, relative to their sides) split a
 dimension, so that the bulk keeps most of its bins whatever the tails hold."""
 
@@ -72,11 +87,14 @@ class Discretizer:
         bin_values: str = "midpoint",
         mean: torch.Tensor | None = None,
         std: torch.Tensor | None = None,
+        mode_cuts: list[list[float]] | None = None,
     ) -> None:
         """`edges` (D, N + 1) non-decreasing; `values` (D, N) what each token decodes to
         (default: bin midpoints); `effective_bins` (D,) tokens in use per dimension, the lowest
         ones (default: all N); `mean` and `std` (D,) of the data it was fitted to (a model's
-        value inputs are normalised by them; checkpoints before format 3 have none)."""
+        value inputs are normalised by them; checkpoints before format 3 have none);
+        `mode_cuts` per dimension, the values that separate its far modes (see the module
+        docstring; None where unknown, as in checkpoints before format 3)."""
         if edges.ndim != 2 or edges.shape[1] < 2:
             raise ValueError(f"edges must be (dims, n_bins + 1), got {tuple(edges.shape)}")
         self.strategy = strategy
@@ -90,6 +108,7 @@ class Discretizer:
         self.effective_bins = effective_bins.to(device=self.edges.device, dtype=torch.long)
         self.mean = None if mean is None else mean.to(self.edges)  # (D,)
         self.std = None if std is None else std.to(self.edges)  # (D,)
+        self.mode_cuts = mode_cuts
         # Token k starts at threshold k - 1: searchsorted over the inner edges of the bins in
         # use gives 0..bins-1 with clipping at both ends; +inf keeps unused tokens unreachable.
         inner = torch.arange(1, N, device=self.edges.device)  # (N - 1,)
@@ -133,9 +152,23 @@ class Discretizer:
         edges = np.empty((D, n_bins + 1), dtype=np.float32)
         values = np.empty((D, n_bins), dtype=np.float32)
         effective_bins = np.empty(D, dtype=np.int64)
+        mode_cuts: list[list[float]] = []
         for j, column in enumerate(data.T):
-            bounds = grid[j] if strategy == "uniform" else _quantile_bounds(column, n_bins)
+            if strategy == "uniform":
+                bounds, cuts = grid[j], np.zeros(0, dtype=np.float32)
+            else:
+                bounds, cuts, found = _quantile_bounds(column, n_bins)
+                if found > len(cuts):
+                    warnings.warn(
+                        f"dimension {j} has {found + 1} modes far apart, more than the "
+                        f"{len(cuts) + 1} that {n_bins} bins keep apart (n_bins // "
+                        f"{MODES_PER_BINS} cuts): the others share bins with their neighbours. "
+                        f"dataset.n_bins={MODES_PER_BINS * found} keeps them all",
+                        UserWarning,
+                        stacklevel=2,
+                    )
             edges[j], values[j], effective_bins[j] = _conditional_means(bounds, column, n_bins)
+            mode_cuts.append(cuts.tolist())
         return cls(
             torch.from_numpy(edges),
             strategy,
@@ -143,6 +176,7 @@ class Discretizer:
             torch.from_numpy(effective_bins),
             bin_values="mean",
             **moments,
+            mode_cuts=mode_cuts,
         )
 
     @property
@@ -166,6 +200,7 @@ class Discretizer:
             self.bin_values,
             self.mean,
             self.std,
+            self.mode_cuts,
         )
 
     def value_normalisation(self) -> tuple[torch.Tensor, ...]:
@@ -226,12 +261,16 @@ class Discretizer:
 
     def rare_modes(self, data: np.ndarray, dim: int) -> list[RareMode]:
         """The rare far modes of dimension `dim` of `data` (rows, dims), lowest first, with
-        what their values decode to: a check that rare outcomes keep their own bins."""
+        what their values decode to: the parts of the column between the cuts that `fit`
+        made (`mode_cuts`) that hold fewer values than a quantile bin. A check that rare
+        outcomes keep their own bins; empty where no cuts are known."""
+        if self.mode_cuts is None or not self.mode_cuts[dim]:
+            return []
         column = np.sort(np.asarray(data, dtype=np.float32)[:, dim])
-        cuts = _far_gaps(column, self.n_bins)
+        splits = np.searchsorted(column, np.asarray(self.mode_cuts[dim], np.float32), "left")
         modes = []
-        for part in np.split(column, cuts + 1):
-            if len(part) >= len(column) / self.n_bins:
+        for part in np.split(column, splits):
+            if len(part) == 0 or len(part) >= len(column) / self.n_bins:
                 continue
             x = torch.as_tensor(part[:, None], device=self.device)
             decoded = self.decode(self.encode(x, slice(dim, dim + 1)), slice(dim, dim + 1))
@@ -254,6 +293,7 @@ class Discretizer:
             "strategy": self.strategy,
             "bin_values": self.bin_values,
             **({} if self.mean is None else {"mean": self.mean.cpu(), "std": self.std.cpu()}),
+            **({} if self.mode_cuts is None else {"mode_cuts": self.mode_cuts}),
         }
 
     @classmethod
@@ -267,17 +307,21 @@ class Discretizer:
             state.get("bin_values", "midpoint"),
             state.get("mean"),
             state.get("std"),
+            state.get("mode_cuts"),
         )
 
 
-def _quantile_bounds(column: np.ndarray, n_bins: int) -> np.ndarray:
-    """Boundaries (at most N + 1) of quantile bins for one dimension, point masses apart.
+def _quantile_bounds(column: np.ndarray, n_bins: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Boundaries (at most N + 1) of quantile bins for one dimension, point masses and far
+    modes apart; the cuts between the modes (`_mode_cuts`), and how many far gaps were found.
 
     A point mass is a value that holds a bin's share of the data or more (where quantile edges
     would repeat), or a repeated minimum or maximum (an action saturated at its bound). Each
     gets the bin `[value, next float32)` of its own; the remaining data is split by quantiles
-    into the bins left over, and a bin left empty between two others joins the one below.
+    into the bins left over, no bin spanning a cut, and a bin left empty between two others
+    joins the one below.
     """
+    cuts, found = _mode_cuts(np.sort(column), n_bins)
     values, counts = np.unique(column, return_counts=True)
     heavy = counts >= len(column) / n_bins
     heavy[[0, -1]] |= counts[[0, -1]] >= 2
@@ -291,7 +335,7 @@ def _quantile_bounds(column: np.ndarray, n_bins: int) -> np.ndarray:
         masses, rest, left = masses[:0], column, n_bins
     bounds = [masses, np.nextafter(masses, np.float32(np.inf))]
     if len(rest):
-        edges = _mode_edges(np.sort(rest), left)
+        edges = _mode_edges(np.sort(rest), left, cuts)
         if len(masses) and masses[-1] > rest.max():
             edges = edges[:-1]  # the mass above closes the top bin; the maximum of the rest
             # as a boundary would give it a bin of its own
@@ -302,7 +346,7 @@ def _quantile_bounds(column: np.ndarray, n_bins: int) -> np.ndarray:
     tokens = np.searchsorted(bounds[1:-1], column, side="right")
     filled = np.bincount(tokens, minlength=len(bounds) - 1) > 0
     # The first bin holds the minimum; each later empty bin joins the bin below it.
-    return bounds[np.concatenate([[True], filled[1:], [True]])]
+    return bounds[np.concatenate([[True], filled[1:], [True]])], cuts, found
 
 
 def _conditional_means(
@@ -321,16 +365,10 @@ def _conditional_means(
     return edges, values.astype(np.float32), used
 
 
-def _far_gaps(column: np.ndarray, n_bins: int) -> np.ndarray:
-    """Indices i (ascending) of the gaps (column[i], column[i + 1]) of a sorted column that
-    separate modes: wider than `FAR_GAP` interquartile ranges of the values on either side
-    (the wider range), the widest relative to that range first, at most
-    `n_bins // MODES_PER_BINS` of them."""
-    x = column.astype(np.float64)
+def _two_sided_iqr(x: np.ndarray) -> np.ndarray:
+    """For each gap i of a sorted array, the wider interquartile range of x[:i + 1] and
+    x[i + 1:]."""
     n = len(x)
-    limit = n_bins // MODES_PER_BINS
-    if n < 2 or limit < 1:
-        return np.zeros(0, dtype=np.int64)
     below = np.arange(1, n)  # values on the lower side of gap i: x[:i + 1]
     above = n - below  # and on the upper side: x[i + 1:]
 
@@ -338,23 +376,64 @@ def _far_gaps(column: np.ndarray, n_bins: int) -> np.ndarray:
         quartile = lambda q: x[first + np.round(q * (size - 1)).astype(np.int64)]  # noqa: E731
         return quartile(0.75) - quartile(0.25)
 
-    scale = np.maximum(iqr(np.zeros(n - 1, dtype=np.int64), below), iqr(below, above))
+    return np.maximum(iqr(np.zeros(n - 1, dtype=np.int64), below), iqr(below, above))
+
+
+def _far_gaps(column: np.ndarray, n_bins: int) -> tuple[np.ndarray, int]:
+    """Indices i (ascending) of the gaps (column[i], column[i + 1]) of a sorted column that
+    separate modes (see the module docstring), at most `n_bins // MODES_PER_BINS` of them, the
+    widest relative to their spread first; and how many were found."""
+    x = column.astype(np.float64)
+    n = len(x)
+    limit = n_bins // MODES_PER_BINS
+    if n < 2 or limit < 1:
+        return np.zeros(0, dtype=np.int64), 0
     gap = x[1:] - x[:-1]
-    far = np.flatnonzero(gap > FAR_GAP * scale)
-    if len(far) > limit:
-        with np.errstate(divide="ignore"):
-            ratio = gap[far] / scale[far]  # inf where both sides are (nearly) constant
-        far = np.sort(far[np.argsort(-ratio, kind="stable")[:limit]])
-    return far
+    i = np.arange(n - 1)
+    # The range of the NEIGHBOURS values on either side of each gap, the wider.
+    local = np.maximum(
+        x[i] - x[np.maximum(i - NEIGHBOURS + 1, 0)], x[np.minimum(i + NEIGHBOURS, n - 1)] - x[i + 1]
+    )
+    ratios: dict[int, float] = {}
+    parts = [(0, n)]
+    while parts and len(ratios) < 4 * limit:  # a few more than kept, to keep the widest
+        a, b = parts.pop()
+        if b - a < 2:
+            continue
+        scale = np.maximum(_two_sided_iqr(x[a:b]), local[a : b - 1])
+        far = np.flatnonzero(gap[a : b - 1] > FAR_GAP * scale)
+        if len(far) == 0:
+            continue
+        with np.errstate(divide="ignore"):  # inf where both sides are constant
+            ratio = gap[a + far] / scale[far]
+        ratios.update(zip((far + a).tolist(), ratio.tolist(), strict=True))
+        parts += list(itertools.pairwise([a, *(far + a + 1).tolist(), b]))
+    found = np.array(sorted(ratios), dtype=np.int64)
+    if len(found) > limit:
+        ratio = np.array([ratios[k] for k in found])
+        found = np.sort(found[np.lexsort((-gap[found], -ratio))[:limit]])
+    return found, len(ratios)
 
 
-def _mode_edges(rest: np.ndarray, bins: int) -> np.ndarray:
-    """Boundaries (bins + 1) of quantile bins over a sorted column in which no bin spans a
-    gap between modes: each mode gets one bin, the bins left over go to the modes by their
-    share of the data (largest remainders), each is split by its own quantiles, and two modes
-    meet halfway across their gap. Without far gaps these are the plain quantile edges."""
-    cuts = _far_gaps(rest, bins)[: bins - 1]
-    parts = np.split(rest.astype(np.float64), cuts + 1)
+def _mode_cuts(column: np.ndarray, n_bins: int) -> tuple[np.ndarray, int]:
+    """The values (float32, ascending) that separate the modes of a sorted float32 column, each
+    halfway across its gap (and above the value below it); and how many far gaps were found."""
+    far, found = _far_gaps(column, n_bins)
+    low, high = column[far], column[far + 1]
+    halfway = (0.5 * (low.astype(np.float64) + high)).astype(np.float32)
+    return np.maximum(halfway, np.nextafter(low, np.float32(np.inf))), found
+
+
+def _mode_edges(rest: np.ndarray, bins: int, cuts: np.ndarray) -> np.ndarray:
+    """Boundaries (bins + 1) of quantile bins over a sorted column in which no bin spans one of
+    the `cuts` between modes: each mode gets one bin, the bins left over go to the modes by
+    their share of the data (largest remainders), each is split by its own quantiles, and two
+    modes meet at their cut. Without cuts these are the plain quantile edges."""
+    splits = np.searchsorted(rest, cuts, side="left")  # the first value above each cut
+    inside = (splits > 0) & (splits < len(rest))
+    splits, at = np.unique(splits[inside], return_index=True)
+    splits, boundaries = splits[: bins - 1], cuts[inside][at][: bins - 1]
+    parts = np.split(rest.astype(np.float64), splits)
     counts = np.array([len(part) for part in parts], dtype=np.float64)
     share = (bins - len(parts)) * counts / counts.sum()
     extra = np.floor(share).astype(np.int64)
@@ -363,9 +442,7 @@ def _mode_edges(rest: np.ndarray, bins: int) -> np.ndarray:
     edges = [parts[0][:1]]
     for i, (part, n) in enumerate(zip(parts, extra + 1, strict=True)):
         edges.append(np.quantile(part, np.linspace(0.0, 1.0, n + 1))[1:-1])
-        if i + 1 < len(parts):  # halfway across the gap to the next mode, above this one
-            top = np.float32(part[-1])
-            halfway = max(np.float32(0.5 * (part[-1] + parts[i + 1][0])), np.nextafter(top, np.inf))
-            edges.append([halfway])
+        if i + 1 < len(parts):  # the cut between this mode and the next
+            edges.append(boundaries[i : i + 1])
     edges.append(parts[-1][-1:])
     return np.concatenate(edges)

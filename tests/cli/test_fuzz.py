@@ -1,11 +1,13 @@
 """Property-based test of the command lines: whatever overrides a user types, tt-train, tt-eval
-and tt-compare either start normally or stop with one line on stderr and exit code 2, never a
-traceback.
+and tt-compare either start normally and compute finite numbers, or stop with one line on
+stderr and exit code 2, never a traceback.
 
 The commands run in this process on a tiny dataset and model; "starting" is reaching the
-work itself (training, playing, the first interim), where the test stops them. A fixed number
-of examples keeps `make test` fast; `--hypothesis-profile=long` draws many more (the profiles
-are in conftest.py).
+work itself (training, playing, the first interim). There the test runs the first of it
+(two training steps; one action of the agent) and checks that every number it made is finite
+(the weights; the actions and the plan's scores), then stops them. A fixed number of examples
+keeps `make test` fast; `--hypothesis-profile=long` draws many more (the profiles are in
+conftest.py).
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from __future__ import annotations
 import sys
 import traceback
 
+import numpy as np
 import pytest
+import torch
 from conftest import TINY_TRAINING, untrained_checkpoint
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from trajectory_transformer.cli import compare as compare_cli
@@ -30,6 +34,30 @@ exception inside the command into its own report, not an exit)."""
 
 def start(*args, **kwargs):
     raise SystemExit(STARTED)
+
+
+def train_two_steps(trainer: Trainer) -> None:
+    """The start of a training: two steps (a non-finite one stops the command with its
+    one-line error), after which every weight is finite."""
+    for _ in range(2):
+        trainer.train_step(torch.arange(min(trainer.cfg.batch_size, len(trainer.windows))))
+    for name, parameter in trainer.model.named_parameters():
+        assert torch.isfinite(parameter).all(), f"{name} is not finite after two steps"
+    start()
+
+
+def act_once(agent, env, *args, **kwargs) -> None:
+    """The start of an evaluation: one action on the first observation, finite, from a
+    plan whose scores are finite."""
+    observations, _ = env.reset(seed=0)
+    agent.reset(env.num_envs, 0)
+    actions = agent.act(observations)
+    assert np.isfinite(actions).all(), f"actions {actions}"
+    plan = getattr(agent, "last_plan", None)
+    if plan is not None:
+        for name in ("scores", "rewards", "values"):
+            assert torch.isfinite(getattr(plan, name)).all(), f"the plan's {name} are not finite"
+    start()
 
 
 VALUES = st.one_of(
@@ -98,6 +126,14 @@ EVAL_KEYS = [
     "planner.beam",
     "eval.episode",
 ]
+FITTING_PLANNER = [
+    "planner.horizon=2",
+    "planner.context_transitions=1",
+    "planner.beam_width=4",
+    "eval.num_envs=1",
+]
+"""A search that fits the tiny checkpoint's block (4 transitions), before the drawn overrides:
+otherwise the default horizon refuses nearly every draw, and few would start."""
 COMPARE_KEYS = [
     "compare.n",
     "compare.K",
@@ -148,14 +184,17 @@ def checkpoint(tiny_dataset, tmp_path):
 
 @given(drawn=overrides(TRAIN_KEYS))
 def test_tt_train_starts_or_says_no_in_one_line(drawn, tiny_dataset, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(Trainer, "train", start)
+    monkeypatch.setattr(Trainer, "train", train_two_steps)
     run(train_cli.main, [*TINY_TRAINING, *drawn, f"hydra.run.dir={tmp_path}/train"], capsys)
 
 
 @given(drawn=overrides(EVAL_KEYS))
+@example(drawn=["planner.temperature=nan"])  # once accepted: every beam score was NaN
+@example(drawn=["planner.temperature=inf"])
 def test_tt_eval_starts_or_says_no_in_one_line(drawn, checkpoint, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(evaluate_cli, "evaluate", start)
-    argv = [f"checkpoint={checkpoint}", "device=cpu", *drawn, f"hydra.run.dir={tmp_path}/eval"]
+    monkeypatch.setattr(evaluate_cli, "evaluate", act_once)
+    argv = [f"checkpoint={checkpoint}", "device=cpu", *FITTING_PLANNER, *drawn]
+    argv.append(f"hydra.run.dir={tmp_path}/eval")
     run(evaluate_cli.main, argv, capsys)
 
 

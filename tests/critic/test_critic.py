@@ -277,3 +277,20 @@ def test_the_command_line_trains_resumes_and_the_iql_policy_plays(tmp_path, tiny
     )
     assert as_model.returncode == 2
     assert "is a critic checkpoint (tt-train-critic)" in as_model.stderr
+
+
+def test_a_non_finite_step_stops_the_critic_before_it_reaches_the_weights() -> None:
+    from trajectory_transformer.training.trainer import NonFiniteLossError
+
+    episodes = chain_episodes(4)
+    cfg = CriticConfig(steps=5, **FAST)
+    critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
+    transitions = transitions_of(episodes, critic.reward_scale, critic.reward_bias, "cpu")
+    transitions.rewards[:] = float("inf")  # past the loader's check, as a bug upstream would
+    trainer = CriticTrainer(critic, policy, transitions, cfg, save=lambda state: None)
+    before = [p.detach().clone() for p in [*critic.parameters(), *policy.parameters()]]
+    with pytest.raises(NonFiniteLossError, match="critic's losses are not finite.*step 1"):
+        trainer.train_step(torch.arange(8))
+    after = [*critic.parameters(), *policy.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert trainer.step == 0

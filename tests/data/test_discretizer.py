@@ -341,3 +341,11 @@ def test_the_report_reads_the_cuts_fit_made():
     older = fitted.state_dict()
     del older["mode_cuts"]  # a checkpoint before format 3: the cuts are not known
     assert Discretizer.from_state_dict(older).rare_modes(rewards[:, None], 0) == []
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_data_is_refused_naming_where(bad):
+    data = np.random.default_rng(12).normal(size=(100, 3))
+    data[37, 2] = bad
+    with pytest.raises(ValueError, match="1 non-finite values.*dimension 2 at row 37"):
+        Discretizer.fit(data, 10)

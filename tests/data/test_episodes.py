@@ -75,6 +75,16 @@ def test_check_finite_names_the_episode():
         episodes.check_finite()
 
 
+def test_check_finite_names_an_episode_with_a_non_finite_final_observation():
+    from dataclasses import replace
+
+    episodes = make_episodes([3, 3, 3], [False] * 3)
+    finals = np.zeros((3, episodes.observation_dim), dtype=np.float32)
+    finals[1, 0] = np.inf
+    with pytest.raises(ValueError, match=r"episode 1 .*final observation"):
+        replace(episodes, final_observations=finals).check_finite()
+
+
 def test_episode_returns():
     episodes = make_episodes([2, 3], [False, False])
     r = episodes.rewards

@@ -435,3 +435,10 @@ def test_greedy_planner_equals_naive_under_the_originals_value_mask() -> None:
     obs = run_steps(planner, 3)
     plan = planner.plan(obs)
     assert_same_plan(plan, naive_plan(model, disc, planner.context_tokens(obs), planner.config))
+
+
+@pytest.mark.parametrize("name", ["temperature", "discount", "cdf_act", "value_percentile"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_float_settings_are_refused(name, bad) -> None:
+    with pytest.raises(ValueError, match=rf"planner\.{name} must be a finite number, got"):
+        PlannerConfig(**{name: bad})

@@ -40,6 +40,7 @@ from trajectory_transformer.training.schedule import (
     format_duration,
     parse_duration,
 )
+from trajectory_transformer.training.trainer import NonFiniteLossError
 
 OBSERVATION_STD_FLOOR = 1e-3  # IQL's epsilon: a constant dimension is not blown up
 
@@ -232,6 +233,7 @@ class CriticTrainer:
         q_parameters = [*critic.q1.parameters(), *critic.q2.parameters()]
         self.q_optimizer = torch.optim.Adam(q_parameters, lr=lr)
         self.policy_optimizer = torch.optim.Adam(policy.parameters(), lr=lr)
+        self._parameters = [*critic.parameters(), *policy.parameters()]
         self.generator = torch.Generator(self.device).manual_seed(seed)
         self.clock = RunClock(None if cfg.time_budget is None else parse_duration(cfg.time_budget))
         self.stops = StopRequests()
@@ -256,7 +258,19 @@ class CriticTrainer:
         # The three losses touch disjoint parameters, so one backward pass serves all three.
         for optimizer in (self.value_optimizer, self.q_optimizer, self.policy_optimizer):
             optimizer.zero_grad(set_to_none=True)
-        (value_loss + q_loss + policy_loss).backward()
+        total = value_loss + q_loss + policy_loss
+        total.backward()
+        # One host sync per step: a NaN or inf must never reach the weights or the checkpoint.
+        gradients = [p.grad for p in self._parameters if p.grad is not None]
+        if not torch.isfinite(total + sum(g.square().sum() for g in gradients)):
+            what = "losses are" if not torch.isfinite(total) else "gradients are"
+            raise NonFiniteLossError(
+                f"the critic's {what} not finite (NaN or inf) at step {self.step + 1}, so "
+                "training stopped before applying it and the last checkpoint written is "
+                "untouched. Likely causes: a learning rate too high "
+                f"(critic.learning_rate={cfg.learning_rate}), rewards too large for the "
+                "critic (critic.reward_scale), or NaN or inf values in the dataset"
+            )
         with self.stops.applying():
             self.value_optimizer.step()
             self.q_optimizer.step()

@@ -135,6 +135,16 @@ class Discretizer:
             raise ValueError(f"n_bins must be in [2, {MAX_BINS}], got {n_bins}")
         # Encoding runs in float32, so the bins are fitted to the float32 values.
         data = np.asarray(data, dtype=np.float32)
+        if data.ndim != 2 or len(data) == 0:
+            raise ValueError(f"data must be (rows, dims) with rows, got shape {data.shape}")
+        bad = ~np.isfinite(data)
+        if bad.any():
+            dim = int(np.argmax(bad.any(axis=0)))
+            raise ValueError(
+                f"the data holds {int(bad.sum())} non-finite values (NaN or inf), the first in "
+                f"dimension {dim} at row {int(np.argmax(bad[:, dim]))}: a bin cannot hold them. "
+                "Clean or drop the episodes that hold them before training."
+            )
         moments = {
             "mean": torch.from_numpy(data.mean(axis=0, dtype=np.float64).astype(np.float32)),
             "std": torch.from_numpy(data.std(axis=0, dtype=np.float64).astype(np.float32)),

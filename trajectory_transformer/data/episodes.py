@@ -114,19 +114,32 @@ class Episodes:
         return self.select(kept), self.select(held_out), held_out
 
     def check_finite(self) -> None:
-        """Refuse NaN or inf, naming the first episode that holds one."""
+        """Refuse NaN or inf, naming the first episode that holds one: in its steps, or in
+        the observation after its last step (which a critic bootstraps from)."""
         for name in ("observations", "actions", "rewards"):
             array = getattr(self, name)
             bad_rows = ~np.isfinite(array.reshape(len(array), -1)).all(axis=1)
             if bad_rows.any():
                 row = int(np.argmax(bad_rows))
                 episode = int(np.searchsorted(np.cumsum(self.lengths), row, side="right"))
-                label = episode if self.episode_ids is None else int(self.episode_ids[episode])
                 step = row - int(self.starts[episode])
                 raise ValueError(
-                    f"episode {label} has a non-finite value (NaN or inf) in its {name} at "
-                    f"step {step}; clean or drop that episode before training."
+                    f"episode {self._label(episode)} has a non-finite value (NaN or inf) in "
+                    f"its {name} at step {step}; clean or drop that episode before training."
                 )
+        if self.final_observations is not None:
+            bad = ~np.isfinite(self.final_observations.reshape(self.num_episodes, -1)).all(1)
+            if bad.any():
+                episode = int(np.argmax(bad))
+                raise ValueError(
+                    f"episode {self._label(episode)} has a non-finite value (NaN or inf) in "
+                    "its final observation (the one after its last step); clean or drop that "
+                    "episode before training."
+                )
+
+    def _label(self, episode: int) -> int:
+        """The dataset's own id of episode `episode` (its index where there are none)."""
+        return episode if self.episode_ids is None else int(self.episode_ids[episode])
 
 
 def penalized_rewards(episodes: Episodes, terminal_penalty: float) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import typing
 from dataclasses import dataclass, fields, replace
 
@@ -85,6 +86,10 @@ class PlannerConfig:
     CUDA_GRAPHS: typing.ClassVar[tuple[str, ...]] = ("none", "step", "search")
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # NaN passes every comparison below, and inf most of them
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"planner.{f.name} must be a finite number, got {value}")
         for name in ("reward_token", "value_token"):
             if getattr(self, name) not in self.TOKEN_FEEDBACK:
                 raise ValueError(

@@ -3,6 +3,7 @@ whole-transition contexts, masks finished envs, and works from a checkpoint."""
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -39,7 +40,10 @@ def tiny_discretizer(n_bins: int = N) -> Discretizer:
 
 
 def run_steps(planner: BeamPlanner, steps: int, dones: dict[int, list[int]] | None = None):
-    """Act and observe for `steps` steps on random observations; returns the next observation."""
+    """Act and observe for `steps` steps on random observations; returns the next observation.
+    An env done at a step starts its next episode with the next observation (gymnasium's
+    `SAME_STEP` autoreset)."""
+    planner.autoreset_mode = gym.vector.AutoresetMode.SAME_STEP
     rng = np.random.default_rng(1)
     E = planner.num_envs
     for step in range(steps):

@@ -64,7 +64,7 @@ def with_logit_noise(model, scale: float, seed: int) -> None:
         step = decoder(cache)
         return lambda tokens, position: noisy(step(tokens, position))
 
-    model.prefill = lambda tokens, cache, start=0: noisy(prefill(tokens, cache, start))
+    model.prefill = lambda *args, **kwargs: noisy(prefill(*args, **kwargs))
     model.decoder = noisy_decoder
 
 
@@ -82,7 +82,7 @@ def golden(noise: tuple[float, int] | None = None) -> dict:
     result = {}
     for name, deterministic in (("greedy", True), ("sampled", False)):
         planner = BeamPlanner(model, discretizer, deterministic=deterministic, seed=0, **SETTINGS)
-        planner.reset(3)
+        planner.reset(3, autoreset_mode="SameStep")  # a done env's next observation is new
         rng = np.random.default_rng(2)
         for step in range(3):
             planner.act(rng.normal(size=(3, OBS)))

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -105,7 +106,8 @@ class BeamPlanner:
     """Batched beam-search planner over a trained `TrajectoryGPT`.
 
     ``reset(num_envs)`` (and ``reset_env(env, seed)`` as each env starts an episode), then
-    per step ``act(observations)`` and ``observe(rewards, dones)``;
+    per step ``act(observations)`` and ``observe(rewards, dones)``, for any of gymnasium's
+    autoreset modes (`reset`'s ``autoreset_mode``: the vector env's, by default its default);
     ``plan(observations)`` returns all beams without changing any state. The model is put in
     eval mode.
     """
@@ -163,6 +165,7 @@ class BeamPlanner:
             raise ValueError(f"planner.decode=fused cannot run here: {reason}")
         # What is captured as a CUDA graph: nothing off CUDA.
         self.cuda_graph = self.config.cuda_graph if self.device.type == "cuda" else "none"
+        self.autoreset_mode = gym.vector.AutoresetMode.NEXT_STEP  # gymnasium's default
         # Captured or compiled decode steps and searches by shape, over `_cache`'s buffers.
         self._captures: OrderedDict[tuple, object] = OrderedDict()
         self._graph_pool = None
@@ -224,13 +227,36 @@ class BeamPlanner:
 
     # --- per-environment state ------------------------------------------------------------
 
-    def reset(self, num_envs: int, seed: int | None = None) -> None:
+    def reset(
+        self,
+        num_envs: int,
+        seed: int | None = None,
+        autoreset_mode: gym.vector.AutoresetMode | str | None = None,
+    ) -> None:
         """Forget every context and plan, and seed every env's random stream: env e plays
-        episode `seed + e` (episode e without a `seed`), see `episode_stream`."""
+        episode `seed + e` (episode e without a `seed`), see `episode_stream`.
+
+        `autoreset_mode` is how the vector env starts an env's next episode after it ends
+        (`env.metadata["autoreset_mode"]`; None keeps the planner's, at first gymnasium's
+        default, `NEXT_STEP`). Under `NEXT_STEP` the step after an episode's end only resets
+        that env: it ignores the action and returns the next episode's first observation
+        with a reward of 0, so `act` does not plan for that step (the env gets a zero action)
+        and `observe` stores nothing of it. Under `SAME_STEP` the step that ends an episode
+        already returns the next one's first observation, and under `DISABLED` the caller
+        resets the env: either way the next `act` starts the new episode."""
         if num_envs < 1:
             raise ValueError(f"num_envs must be at least 1, got {num_envs}")
         if seed is not None and seed < 0:
             raise ValueError(f"seed must be non-negative, got {seed}")
+        if autoreset_mode is not None:
+            try:
+                self.autoreset_mode = gym.vector.AutoresetMode(autoreset_mode)
+            except ValueError:
+                modes = ", ".join(repr(mode.value) for mode in gym.vector.AutoresetMode)
+                raise ValueError(
+                    f"autoreset_mode must be a gymnasium AutoresetMode ({modes}), got "
+                    f"{autoreset_mode!r}; pass the vector env's env.metadata['autoreset_mode']"
+                ) from None
         E, K, T = num_envs, self.config.context_transitions, self.transition_dim
         H, n_act = self.config.horizon, self.action_dim
         self.num_envs = E
@@ -250,6 +276,10 @@ class BeamPlanner:
         self._pending: torch.Tensor | None = None  # (E, T) transition awaiting its reward
         self._pending_values: torch.Tensor | None = None  # (E, T) its real values
         self._pending_envs = np.zeros(E, dtype=bool)
+        # Under NEXT_STEP, envs whose next step only resets them, and those whose last `act`
+        # was such a step.
+        self._resetting = np.zeros(E, dtype=bool)
+        self._skipped = np.zeros(E, dtype=bool)
         self.last_plan: Plan | None = None  # the latest search of `act`, all beams
 
     def reset_env(self, env: int, seed: int | None = None) -> None:
@@ -262,6 +292,7 @@ class BeamPlanner:
             raise ValueError(f"seed must be non-negative, got {seed}")
         self._history[env] = 0
         self._plan_age[env] = self.config.horizon
+        self._resetting[env] = False  # reset by the caller: its observation is the episode's
         self.generators[env].manual_seed(self.episode_stream(env if seed is None else seed))
 
     def episode_stream(self, episode: int) -> int:
@@ -305,15 +336,18 @@ class BeamPlanner:
         observations: np.ndarray | torch.Tensor,
         active: np.ndarray | torch.Tensor | None = None,
     ) -> np.ndarray:
-        """Actions (E, A) for observations (E, O); inactive envs get zeros and record nothing.
+        """Actions (E, A) for observations (E, O); inactive envs get zeros and record nothing,
+        and so do envs whose next step only resets them (see `reset`'s `autoreset_mode`).
 
         Replans an env when its last plan is `plan_every` steps old, else follows that plan.
         Call `observe` with the rewards before the next `act`.
         """
-        if self._pending_envs.any():
+        if self._pending_envs.any() or self._skipped.any():
             raise RuntimeError("act() was called twice; call observe(rewards, dones) in between")
         obs = self._as_batch(observations)
         mask = self._mask(active)
+        self._skipped = mask & self._resetting
+        mask = mask & ~self._resetting
         stale = mask & (self._plan_age >= self.config.plan_every)
         if stale.any():
             self.last_plan = plan = self.plan(obs, active=stale)
@@ -365,8 +399,12 @@ class BeamPlanner:
             self._history[self._pending_envs] = np.minimum(self._history[self._pending_envs] + 1, K)
         self._pending, self._pending_values = None, None
         self._pending_envs = np.zeros(self.num_envs, dtype=bool)
+        self._resetting[self._skipped] = False  # that step reset them: their episode begins
+        self._skipped = np.zeros(self.num_envs, dtype=bool)
         self._history[dones] = 0
         self._plan_age[dones] = self.config.horizon
+        if self.autoreset_mode == gym.vector.AutoresetMode.NEXT_STEP:
+            self._resetting |= dones
 
     def set_history(
         self, env: int, transitions: torch.Tensor, values: torch.Tensor | None = None

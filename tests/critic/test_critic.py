@@ -289,7 +289,7 @@ def test_a_non_finite_step_stops_the_critic_before_it_reaches_the_weights() -> N
     transitions.rewards[:] = float("inf")  # past the loader's check, as a bug upstream would
     trainer = CriticTrainer(critic, policy, transitions, cfg, save=lambda state: None)
     before = [p.detach().clone() for p in [*critic.parameters(), *policy.parameters()]]
-    with pytest.raises(NonFiniteLossError, match="critic's losses are not finite.*step 1"):
+    with pytest.raises(NonFiniteLossError, match=r"critic's losses are not finite.*step 1"):
         trainer.train_step(torch.arange(8))
     after = [*critic.parameters(), *policy.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

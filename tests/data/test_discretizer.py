@@ -347,5 +347,5 @@ def test_the_report_reads_the_cuts_fit_made():
 def test_non_finite_data_is_refused_naming_where(bad):
     data = np.random.default_rng(12).normal(size=(100, 3))
     data[37, 2] = bad
-    with pytest.raises(ValueError, match="1 non-finite values.*dimension 2 at row 37"):
+    with pytest.raises(ValueError, match=r"1 non-finite values.*dimension 2 at row 37"):
         Discretizer.fit(data, 10)

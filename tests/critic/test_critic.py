@@ -35,6 +35,7 @@ FAST = dict(  # tiny networks and fast targets: a few seconds on a CPU
     discount=DISCOUNT,
     log_every=10_000,
     checkpoint_every=10_000,
+    terminal_penalty=0.0,  # the hand-solved MDPs below count raw rewards
 )
 
 
@@ -61,7 +62,13 @@ def train(episodes: Episodes, steps: int, seed: int = 0, **settings):
     torch.manual_seed(seed)
     cfg = CriticConfig(steps=steps, **(FAST | settings))
     critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
-    transitions = transitions_of(episodes, critic.reward_scale, critic.reward_bias, "cpu")
+    transitions = transitions_of(
+        episodes,
+        critic.reward_scale,
+        critic.reward_bias,
+        "cpu",
+        terminal_penalty=critic.terminal_penalty,
+    )
     trainer = CriticTrainer(
         critic, policy, transitions, cfg, save=lambda state: None, seed=seed, progress=False
     )
@@ -114,6 +121,24 @@ def test_on_a_chain_the_learned_q_is_near_the_optimal_q() -> None:
     torch.testing.assert_close(value, optimal_right, atol=0.05, rtol=0)  # V -> max_a Q
 
 
+def test_a_termination_carries_the_models_terminal_penalty() -> None:
+    """The critic learns the model's rewards: on the chain, stepping right from the last state
+    terminates, earning 1 plus the penalty, and the values before it see the penalty too."""
+    n, penalty = 4, -10.0
+    episodes = chain_episodes(n)
+    cfg = CriticConfig(steps=1, **(FAST | {"terminal_penalty": penalty}))
+    critic, _ = new_critic(episodes, cfg, [-1.0], [1.0])
+    assert critic.terminal_penalty == penalty
+    transitions = transitions_of(episodes, 1.0, 0.0, "cpu", terminal_penalty=penalty)
+    ended = transitions.terminated.bool()
+    assert (transitions.rewards[ended] == 1.0 + penalty).all()
+    assert (transitions.rewards[~ended] == 0.0).all()
+    trained, _ = train(episodes, steps=600, expectile=0.99, terminal_penalty=penalty)
+    with torch.no_grad():
+        q = trained.q(torch.tensor([[n - 1.0]]), torch.ones(1, 1))
+    assert q.item() == pytest.approx(1.0 + penalty, abs=0.5)
+
+
 @pytest.mark.parametrize("ends", ["terminated", "truncated"])
 def test_a_truncated_step_bootstraps_from_the_final_observation_a_terminated_one_does_not(
     ends: str,
@@ -126,7 +151,7 @@ def test_a_truncated_step_bootstraps_from_the_final_observation_a_terminated_one
     episodes = episodes_of(
         first * 50 + second * 50, [1.0] * 100, [ends == "terminated"] * 50 + [True] * 50
     )
-    transitions = transitions_of(episodes, 1.0, 0.0, "cpu")
+    transitions = transitions_of(episodes, 1.0, 0.0, "cpu", terminal_penalty=0.0)
     assert transitions.next_observations[0].item() == 1.0  # the final observation
     assert transitions.terminated[0].item() == (ends == "terminated")
     critic, _ = train(episodes, steps=300)
@@ -158,7 +183,13 @@ def test_a_resumed_critic_continues_exactly_where_it_was_saved(tmp_path, tiny_da
     def fresh():
         torch.manual_seed(0)
         critic, policy = new_critic(episodes, cfg, info.action_low, info.action_high)
-        transitions = transitions_of(episodes, critic.reward_scale, critic.reward_bias, "cpu")
+        transitions = transitions_of(
+            episodes,
+            critic.reward_scale,
+            critic.reward_bias,
+            "cpu",
+            terminal_penalty=critic.terminal_penalty,
+        )
         path = tmp_path / "critic.pt"
 
         def save(state):
@@ -285,7 +316,13 @@ def test_a_non_finite_step_stops_the_critic_before_it_reaches_the_weights() -> N
     episodes = chain_episodes(4)
     cfg = CriticConfig(steps=5, **FAST)
     critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
-    transitions = transitions_of(episodes, critic.reward_scale, critic.reward_bias, "cpu")
+    transitions = transitions_of(
+        episodes,
+        critic.reward_scale,
+        critic.reward_bias,
+        "cpu",
+        terminal_penalty=critic.terminal_penalty,
+    )
     transitions.rewards[:] = float("inf")  # past the loader's check, as a bug upstream would
     trainer = CriticTrainer(critic, policy, transitions, cfg, save=lambda state: None)
     before = [p.detach().clone() for p in [*critic.parameters(), *policy.parameters()]]

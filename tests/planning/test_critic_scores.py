@@ -24,11 +24,18 @@ ACT = T - OBS - 2
 SCALE, BIAS = 2.0, -0.5  # a critic trained on rewards 2 r - 0.5
 
 
-def tiny_critic(seed: int = 0, observation_dim: int = OBS, action_dim: int = ACT) -> IQLCritic:
-    """A deterministic critic with random weights: a fixed function of (s, a)."""
+def tiny_critic(
+    seed: int = 0,
+    observation_dim: int = OBS,
+    action_dim: int = ACT,
+    discount: float = 0.99,
+    terminal_penalty: float = -100.0,
+) -> IQLCritic:
+    """A deterministic critic with random weights: a fixed function of (s, a), trained (as it
+    says) on the model's rewards, terminal penalty included."""
     torch.manual_seed(seed)
     shape = CriticShape(observation_dim, action_dim, hidden_dim=16, hidden_layers=2)
-    return IQLCritic(shape, 0.99, SCALE, BIAS).eval()
+    return IQLCritic(shape, discount, SCALE, BIAS, terminal_penalty).eval()
 
 
 @pytest.mark.parametrize("dones", [None, {1: [0]}])
@@ -112,9 +119,9 @@ def test_value_critic_needs_a_critic() -> None:
         )
 
 
-def critic_file(path, dataset_id: str):
+def critic_file(path, dataset_id: str, **settings):
     _, info = load_episodes(dataset_id)
-    critic = tiny_critic(0, info.observation_dim, info.action_dim)
+    critic = tiny_critic(0, info.observation_dim, info.action_dim, **settings)
     policy = IQLPolicy(critic.shape, info.action_low, info.action_high)
     return save_atomic(build_critic_payload(critic, policy, info, {}, None), path)
 
@@ -161,3 +168,20 @@ def test_the_planner_refuses_a_critic_of_another_dataset(tmp_path, tiny_checkpoi
     )
     assert played.returncode == 0, played.stderr[-2000:]
     assert np.isfinite(float(played.stdout.split("return ")[1].split()[0]))
+
+
+def test_a_critic_search_adds_one_reward_with_one_discount(tmp_path, tiny_checkpoint) -> None:
+    """Planned rewards and the critic's Q are added: the search discounts by the critic's
+    discount, refuses another one named explicitly, and refuses a critic whose rewards carried
+    another terminal penalty than the model's (a critic of format 1 trained on raw ones)."""
+    fits = dict(horizon=1, beam_width=2, context_transitions=1, value="critic")
+    critic = critic_file(tmp_path / "a" / "critic.pt", "test/tiny-v0", discount=0.9)
+    planner = BeamPlanner.from_checkpoint(tiny_checkpoint, critic=str(critic), **fits)
+    assert planner.config.discount == 0.9  # the critic's, not the model's 0.99
+    with pytest.raises(
+        ValueError, match=r"planner\.discount=0\.99 differs .* 0\.9 that the critic"
+    ):
+        BeamPlanner.from_checkpoint(tiny_checkpoint, critic=str(critic), discount=0.99, **fits)
+    raw = critic_file(tmp_path / "b" / "critic.pt", "test/tiny-v0", terminal_penalty=0.0)
+    with pytest.raises(CheckpointError, match=r"critic\.terminal_penalty=-100"):
+        BeamPlanner.from_checkpoint(tiny_checkpoint, critic=str(raw), **fits)

@@ -128,17 +128,17 @@ def beam_planner(cfg: EvaluateConfig, device: torch.device, envs: int) -> BeamPl
     except ValueError as error:
         raise ConfigError(str(error)) from None
     trained_discount, _ = value_targets_of(planner.training_config)
-    if planner.config.discount != trained_discount:
+    if planner.critic is None and planner.config.discount != trained_discount:
         print(
             f"note: planner.discount={planner.config.discount} differs from the discount "
             f"{trained_discount} that this checkpoint's value tokens were trained with, so the "
             "plan's rewards and its terminal value are discounted differently",
             file=sys.stderr,
         )
-    if planner.critic is not None and planner.critic.discount != planner.config.discount:
+    if planner.critic is not None and planner.critic.discount != trained_discount:
         print(
-            f"note: planner.discount={planner.config.discount} differs from the discount "
-            f"{planner.critic.discount} that the critic was trained with",
+            f"note: planner.value=critic discounts by the critic's {planner.critic.discount}; "
+            f"the model's value tokens, trained with {trained_discount}, are not used",
             file=sys.stderr,
         )
     return planner

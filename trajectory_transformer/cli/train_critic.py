@@ -65,7 +65,13 @@ def train_critic(cfg: TrainCriticConfig) -> Path:
     else:
         critic, policy = new_critic(episodes, cfg.critic, info.action_low, info.action_high)
     critic, policy = critic.to(device), policy.to(device)
-    transitions = transitions_of(episodes, critic.reward_scale, critic.reward_bias, device)
+    transitions = transitions_of(
+        episodes,
+        critic.reward_scale,
+        critic.reward_bias,
+        device,
+        terminal_penalty=critic.terminal_penalty,
+    )
     checkpoint = run_dir / CHECKPOINT
 
     def save(training_state: dict) -> Path:
@@ -87,7 +93,8 @@ def train_critic(cfg: TrainCriticConfig) -> Path:
         print(f"resumed from {cfg.resume} at step {trainer.step}/{cfg.critic.steps}")
     print(
         f"IQL: expectile {cfg.critic.expectile}, discount {cfg.critic.discount}, beta "
-        f"{cfg.critic.beta}, rewards x {critic.reward_scale:.4g} + {critic.reward_bias:g}; "
+        f"{cfg.critic.beta}, rewards (terminations {critic.terminal_penalty:+g}) x "
+        f"{critic.reward_scale:.4g} + {critic.reward_bias:g}; "
         f"{cfg.critic.steps} steps of {cfg.critic.batch_size} on {device}; run dir {run_dir}"
     )
     try:

@@ -24,7 +24,9 @@ from trajectory_transformer.data.minari_source import DatasetInfo
 
 CRITIC_FORMAT = "iql-critic"
 """The `kind` of a critic checkpoint, which a model checkpoint never has."""
-CRITIC_FORMAT_VERSION = 1
+CRITIC_FORMAT_VERSION = 2
+"""2: the critic records the terminal penalty its rewards carried; 1: raw rewards."""
+READABLE_CRITIC_FORMATS = (1, 2)
 LOG_STD_RANGE = (-20.0, 2.0)  # IQL's clamp of the policy's log standard deviation
 
 
@@ -70,12 +72,16 @@ class IQLCritic(_Normalised):
         discount: float = 0.99,
         reward_scale: float = 1.0,
         reward_bias: float = 0.0,
+        terminal_penalty: float = 0.0,
     ) -> None:
+        """`terminal_penalty`: what a true termination's reward carried in training (the
+        model's `dataset.terminal_penalty`; critics of format 1 trained on raw rewards, 0)."""
         super().__init__(shape.observation_dim)
         self.shape = shape
         self.discount = discount
         self.reward_scale = reward_scale
         self.reward_bias = reward_bias
+        self.terminal_penalty = terminal_penalty
         joint = shape.observation_dim + shape.action_dim
         self.q1 = mlp(joint, 1, shape.hidden_dim, shape.hidden_layers)
         self.q2 = mlp(joint, 1, shape.hidden_dim, shape.hidden_layers)
@@ -167,6 +173,7 @@ def build_critic_payload(
             "reward_bias": critic.reward_bias,
         },
         "discount": critic.discount,
+        "terminal_penalty": critic.terminal_penalty,
         "critic": {k: v.detach().cpu() for k, v in critic.state_dict().items()},
         "policy": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
         "dataset": dataset.to_dict(),
@@ -184,10 +191,10 @@ def read_critic_payload(path: str | os.PathLike) -> dict:
             f"{path} is not a critic checkpoint (a model checkpoint of tt-train, or another "
             "file); train a critic with `tt-train-critic dataset.id=<the model's dataset>`."
         )
-    if payload["format_version"] != CRITIC_FORMAT_VERSION:
+    if payload["format_version"] not in READABLE_CRITIC_FORMATS:
         raise CheckpointError(
             f"{path} is a critic checkpoint of format {payload['format_version']!r}; this "
-            f"version reads format {CRITIC_FORMAT_VERSION}."
+            f"version reads formats {', '.join(map(str, READABLE_CRITIC_FORMATS))}."
         )
     return payload
 
@@ -196,7 +203,10 @@ def critic_from_payload(payload: dict) -> tuple[IQLCritic, IQLPolicy, DatasetInf
     """The networks of a critic payload, on the CPU, in eval mode."""
     shape = CriticShape(**payload["shape"])
     scales = payload["normalisation"]
-    critic = IQLCritic(shape, payload["discount"], scales["reward_scale"], scales["reward_bias"])
+    penalty = payload.get("terminal_penalty", 0.0)  # format 1 trained on raw rewards
+    critic = IQLCritic(
+        shape, payload["discount"], scales["reward_scale"], scales["reward_bias"], penalty
+    )
     critic.load_state_dict(payload["critic"])
     dataset = DatasetInfo.from_dict(payload["dataset"])
     policy = IQLPolicy(shape, dataset.action_low, dataset.action_high)

@@ -13,9 +13,11 @@ Per step, on a batch drawn uniformly with replacement (IQL's, as CORL's single-f
    `E[min(exp(beta * (Q'(s, a) - V(s))), max_advantage_weight) log pi(a | s)]`, its
    learning rate decaying as a cosine over the run (IQL's).
 
-Rewards are normalised as IQL does before training (`reward_scale * r + reward_bias`;
+The rewards are the model's: a true termination's carries `terminal_penalty`, as tt-train's
+reward tokens do, so that a critic-scored search adds planned rewards and Q values of one
+reward. They are normalised as IQL does before training (`reward_scale * r + reward_bias`;
 `normalize_returns` is its rule for locomotion, 1000 / (max - min episode return)), and
-observations are standardised; both are stored with the critic.
+observations are standardised; all of it is stored with the critic.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from trajectory_transformer.critic.model import CriticShape, IQLCritic, IQLPolicy
-from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.data.episodes import TERMINAL_PENALTY, Episodes, penalized_rewards
 from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.schedule import (
     RunClock,
@@ -56,7 +58,12 @@ class CriticConfig:
     expectile: float = 0.7
     """tau of the expectile regression of V on Q: 0.5 is the mean, near 1 the maximum."""
     discount: float = 0.99
-    """Discount of the TD targets."""
+    """Discount of the TD targets. A critic-scored search discounts by it (a model trained
+    with another discount is refused unless `planner.discount` says which)."""
+    terminal_penalty: float = TERMINAL_PENALTY
+    """Added to the reward of a true termination (never to a truncation), as tt-train's
+    `dataset.terminal_penalty` does for the model's reward tokens. A critic-scored search
+    needs the two to match, and refuses a critic trained with another."""
     target_update_rate: float = 0.005
     """Polyak rate of the target Q networks per step."""
     beta: float = 3.0
@@ -101,6 +108,7 @@ class CriticConfig:
         for name in ("beta", "max_advantage_weight", "learning_rate", "reward_scale"):
             require(name, lambda x: finite(x) and x > 0, "a finite number > 0")
         require("reward_bias", finite, "a finite number")
+        require("terminal_penalty", finite, "a finite number")
         for name in ("hidden_dim", "hidden_layers", "batch_size", "steps"):
             require(name, lambda x: x >= 1, "at least 1")
         for name in ("checkpoint_every", "log_every"):
@@ -136,10 +144,11 @@ class Transitions:
 
 
 def reward_normalisation(episodes: Episodes, cfg: CriticConfig) -> tuple[float, float]:
-    """(scale, bias) of the rewards the critic trains on."""
+    """(scale, bias) of the rewards the critic trains on (terminal penalty included)."""
     if not cfg.normalize_returns:
         return cfg.reward_scale, cfg.reward_bias
-    returns = episodes.episode_returns()
+    rewards = penalized_rewards(episodes, cfg.terminal_penalty).astype(np.float64)
+    returns = np.add.reduceat(rewards, episodes.starts)
     spread = float(returns.max() - returns.min())
     if spread <= 0:
         raise ValueError(
@@ -150,11 +159,17 @@ def reward_normalisation(episodes: Episodes, cfg: CriticConfig) -> tuple[float, 
 
 
 def transitions_of(
-    episodes: Episodes, reward_scale: float, reward_bias: float, device: torch.device | str
+    episodes: Episodes,
+    reward_scale: float,
+    reward_bias: float,
+    device: torch.device | str,
+    *,
+    terminal_penalty: float,
 ) -> Transitions:
-    """The continuous transitions (s, a, r, s', terminated) of `episodes`. Only a true
-    termination stops the bootstrap; a truncated last step keeps its final observation."""
-    rewards = reward_scale * episodes.rewards.astype(np.float32) + reward_bias
+    """The continuous transitions (s, a, r, s', terminated) of `episodes`, a termination's
+    reward with `terminal_penalty`, every reward scaled. Only a true termination stops the
+    bootstrap; a truncated last step keeps its final observation."""
+    rewards = reward_scale * penalized_rewards(episodes, terminal_penalty) + reward_bias
     as_tensor = lambda x: torch.as_tensor(np.asarray(x, dtype=np.float32), device=device)  # noqa: E731
     return Transitions(
         observations=as_tensor(episodes.observations),
@@ -182,7 +197,7 @@ def new_critic(
         episodes.observation_dim, episodes.action_dim, cfg.hidden_dim, cfg.hidden_layers
     )
     scale, bias = reward_normalisation(episodes, cfg)
-    critic = IQLCritic(shape, cfg.discount, scale, bias)
+    critic = IQLCritic(shape, cfg.discount, scale, bias, cfg.terminal_penalty)
     policy = IQLPolicy(shape, action_low, action_high)
     if cfg.normalize_observations:
         mean = torch.as_tensor(episodes.observations.mean(axis=0), dtype=torch.float32)

@@ -131,7 +131,7 @@ class BeamPlanner:
         evaluation and figures read them. `critic_network` is the critic that `value=critic`
         scores with, else the one `config.critic` names is loaded. `overrides` set
         `PlannerConfig` fields."""
-        self.config = (config or PlannerConfig()).with_overrides(**overrides).resolved()
+        self.config = (config or PlannerConfig()).with_overrides(**overrides)
         self.dataset = dataset
         self.training_config = training_config or {}
         self.device = torch.device(device) if device is not None else model.head_weight.device
@@ -158,6 +158,7 @@ class BeamPlanner:
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
         self.critic = self._critic(critic_network)
+        self.config = self._with_discount(self.config)
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
         self._cache: SharedPrefixKVCache | None = None
@@ -203,16 +204,46 @@ class BeamPlanner:
             )
         return network.to(self.device).eval()
 
+    def _with_discount(self, config: PlannerConfig) -> PlannerConfig:
+        """`config` with the discount of its search. Scored by a critic, the planned rewards
+        and the critic's Q are added, so they must be one reward with one discount: the
+        critic's discount, and a critic trained with the model's terminal penalty."""
+        if self.critic is None:
+            return config.resolved()
+        critic = self.critic
+        if config.discount is not None and config.discount != critic.discount:
+            raise ValueError(
+                f"planner.discount={config.discount} differs from the discount "
+                f"{critic.discount} that the critic was trained with; with planner.value=critic "
+                "the search discounts the planned rewards and the critic's Q alike: leave "
+                "planner.discount unset, or train a critic with "
+                f"critic.discount={config.discount}"
+            )
+        if self.training_config or self.dataset is not None:
+            from trajectory_transformer.checkpoint import value_targets_of
+
+            _, penalty = value_targets_of(self.training_config)
+            if critic.terminal_penalty != penalty:
+                raise CheckpointError(
+                    f"the critic was trained with a terminal penalty of "
+                    f"{critic.terminal_penalty:g} on terminations, the model with {penalty:g}: "
+                    "a critic-scored search would add planned rewards and Q values of two "
+                    "different rewards. Train the critic with the model's, "
+                    f"tt-train-critic critic.terminal_penalty={penalty:g}"
+                )
+        return config.resolved(critic.discount)
+
     @classmethod
     def from_checkpoint(
         cls, path: str | os.PathLike, device: torch.device | str = "cpu", **overrides: object
     ) -> BeamPlanner:
         """A planner over a checkpoint's model, clipping actions to its dataset's bounds and
-        discounting, unless told otherwise, as the checkpoint's value targets were built."""
+        discounting, unless told otherwise, as the checkpoint's value targets were built (as
+        its critic was trained, with `value="critic"`)."""
         from trajectory_transformer.checkpoint import load_checkpoint, value_targets_of
 
         checkpoint = load_checkpoint(path, device)
-        if overrides.get("discount") is None:
+        if overrides.get("discount") is None and overrides.get("value") != "critic":
             overrides["discount"] = value_targets_of(checkpoint.config)[0]
         return cls(
             checkpoint.model,

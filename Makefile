@@ -16,7 +16,7 @@ LOCK = $(BIN)/uv pip compile pyproject.toml --all-extras --universal --fork-stra
 	--constraint $(VENV)/torch-pin.txt --no-emit-package torch \
 	--custom-compile-command "make lock" --quiet --output-file $(CONSTRAINTS)
 
-.PHONY: demo test lint bench lock upgrade clean
+.PHONY: demo test test-oldest lint bench lock upgrade clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,33 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
 	$(BIN)/python -m pytest -q
+
+# The lowest versions that pyproject.toml allows, every direct dependency at its floor (uv's
+# lowest-direct resolution; torch's floor is a CUDA build on Linux, a few GB), in a venv of
+# their own: the floors are only true if the tests pass there. OLDEST_TESTS are those that meet
+# the dependencies' APIs (tensors and checkpoints, torch.compile, gymnasium's vector envs,
+# Minari, Hydra, AdaStop), a few minutes; `make test-oldest OLDEST_TESTS=tests` runs them all.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_TESTS ?= tests/test_imports.py tests/data tests/test_checkpoint.py \
+	tests/planning/test_episode_boundaries.py tests/planning/test_static_decode.py \
+	tests/evaluation/test_envs.py tests/training/test_schedule.py \
+	tests/comparison/test_statistics.py \
+	tests/cli/test_train_cli.py::test_resume_with_another_model_shape_says_what_differs \
+	"tests/cli/test_eval_cli.py::test_eval_end_to_end_writes_results_next_to_the_checkpoint[cpu]"
+
+$(OLDEST_VENV)/.installed: pyproject.toml
+	rm -rf $(OLDEST_VENV)
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet uv
+	$(OLDEST_VENV)/bin/uv pip install --quiet --python $(OLDEST_VENV)/bin/python \
+		--resolution lowest-direct -e ".[test]"
+	$(OLDEST_VENV)/bin/python -c "from trajectory_transformer.model import native; native.main()"
+	touch $@
+
+test-oldest: $(OLDEST_VENV)/.installed
+	$(OLDEST_VENV)/bin/uv pip list --python $(OLDEST_VENV)/bin/python 2>/dev/null \
+		| grep -iE '^(torch|numpy|gymnasium|minari|hydra-core|matplotlib|wandb|triton) '
+	$(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(OLDEST_TESTS)
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
@@ -63,4 +90,4 @@ upgrade: | $(BIN)/python
 	-git diff --stat -- $(CONSTRAINTS)
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST_VENV) outputs multirun .pytest_cache .ruff_cache

@@ -112,3 +112,22 @@ def test_a_compiled_planner_plans_more_numbers_of_envs_than_dynamos_default_limi
             plan = planner.plan(obs, active=active)
             assert not plan.tokens[~active].any()
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 10
+
+
+def test_a_compiled_step_lifts_dynamos_limit_only_while_it_runs(monkeypatch) -> None:
+    """A planner's compiled steps share one code object, so their shapes count against one
+    limit: each call lifts it to dynamo's overall limit, and the user's process keeps its own."""
+    from trajectory_transformer.planning.beam import _compile_step
+
+    dynamo = torch._dynamo.config
+    seen = []
+
+    def fake_compile(fn, **settings):
+        return lambda *args: seen.append(dynamo.recompile_limit) or fn(*args)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    before = dynamo.recompile_limit
+    step = _compile_step(lambda x: x + 1)
+    assert step(torch.ones(1)).item() == 2.0
+    assert seen == [dynamo.accumulated_recompile_limit]
+    assert dynamo.recompile_limit == before

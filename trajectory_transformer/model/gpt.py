@@ -499,6 +499,8 @@ class TrajectoryGPT(nn.Module):
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
+        # Plain floats: a config's list type would be pickled into every checkpoint.
+        betas = tuple(float(beta) for beta in betas)
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=fused or None)
 
     def num_parameters(self) -> int:

@@ -60,10 +60,16 @@ def _compile_step(step: Callable) -> Callable:
     """`step` through `torch.compile`, whole and for fixed shapes. Dynamo keeps a graph per
     shape of the step, two per number of planned envs, and with fullgraph=True fails past its
     limit per function (8): a continuous-batching tail plans more numbers of envs than that,
-    so only its overall limit applies here."""
-    dynamo = torch._dynamo.config
-    dynamo.recompile_limit = max(dynamo.recompile_limit, dynamo.accumulated_recompile_limit)
-    return torch.compile(step, fullgraph=True, dynamic=False)
+    so only its overall limit applies here, and only inside these calls (a patch of dynamo's
+    config, not a change of the process's)."""
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+
+    def call(*args: torch.Tensor) -> torch.Tensor:
+        dynamo = torch._dynamo.config
+        with dynamo.patch(recompile_limit=dynamo.accumulated_recompile_limit):
+            return compiled(*args)
+
+    return call
 
 
 @dataclass

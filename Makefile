@@ -34,7 +34,7 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(BIN)/tt-train hydra.run.dir=$(DEMO_DIR)
-	$(BIN)/tt-eval checkpoint=$(DEMO_DIR)/checkpoint.pt hydra.run.dir=$(DEMO_DIR)/eval
+	$(BIN)/tt-eval checkpoint=$(DEMO_DIR) hydra.run.dir=$(DEMO_DIR)/eval
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks

@@ -118,7 +118,7 @@ def evaluate(checkpoint: Path, planner: str, episodes: int, overrides: list[str]
     run(
         [
             str(bin_dir / "tt-eval"),
-            f"checkpoint={checkpoint}",
+            f"checkpoint={checkpoint.parent}",  # the model the run handed over
             f"planner={planner}",
             f"eval.episodes={episodes}",
             "eval.progress=false",

@@ -237,3 +237,18 @@ def test_a_format_2_checkpoint_loads_resumes_and_plans_as_before(tmp_path):
         )
     with pytest.raises(ValueError, match="format 1 or 2"):
         loaded.discretizer.value_normalisation()
+
+
+def test_a_run_directory_names_the_model_to_plan_with_and_the_state_to_resume(tmp_path):
+    from trajectory_transformer.checkpoint import checkpoint_file
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with pytest.raises(CheckpointError, match=r"directory without model\.pt or checkpoint\.pt"):
+        checkpoint_file(run)
+    (run / "checkpoint.pt").write_bytes(b"")
+    assert checkpoint_file(run) == run / "checkpoint.pt"  # a run from before model.pt
+    (run / "model.pt").write_bytes(b"")
+    assert checkpoint_file(run) == run / "model.pt"
+    assert checkpoint_file(run, to_resume=True) == run / "checkpoint.pt"
+    assert checkpoint_file(run / "best.pt") == run / "best.pt"  # a file is itself

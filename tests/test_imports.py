@@ -16,14 +16,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trajectory_transformer"
 ALLOWED = {
     "threads": set(),  # imported first of all, before torch loads
     "scores": set(),
+    "progress": set(),  # the loops' progress lines
     "suites": {"scores"},
     "data": {"suites", "scores"},
     "model": {"data"},
     "checkpoint": {"data", "model"},
-    "training": {"data", "model"},
-    "critic": {"data", "model", "checkpoint", "training"},
+    "training": {"data", "model", "progress"},
+    "critic": {"data", "model", "checkpoint", "training", "progress"},
     "planning": {"data", "model", "checkpoint", "critic"},
-    "evaluation": {"data", "model", "planning", "scores"},
+    "evaluation": {"data", "model", "planning", "scores", "progress"},
     "diagnostics": {"data", "model", "checkpoint", "planning", "evaluation"},
     "viz": {"data", "model", "checkpoint", "planning", "evaluation", "diagnostics", "comparison"},
     "comparison": {"checkpoint", "critic"},

@@ -45,7 +45,16 @@ TINY_COMPARISON = [
 ]
 
 
-@pytest.mark.parametrize("launcher", [[], ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]])
+LAUNCHERS = [
+    [],
+    ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+    # The SLURM recipe's machinery (submitit: pickled jobs, their own processes and logs), run
+    # as local processes.
+    ["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"],
+]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS, ids=["basic", "joblib", "submitit_local"])
 def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
     create_dataset("test/tiny-v0")
     result = run_module(
@@ -71,8 +80,10 @@ def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
     assert "normalised score (reference: explicit, -2000.0 to 0.0)" in result.stdout
     for name in ("decisions.csv", "agents.csv", "comparison_scores.png", "comparison_profile.png"):
         assert (tmp_path / name).is_file()
-    if launcher:
+    if "hydra/launcher=joblib" in launcher:
         assert "Joblib" in (result.stdout + result.stderr)
+    if "hydra/launcher=submitit_local" in launcher:  # a submitit job (and log) per job
+        assert len(list((tmp_path / "jobs").glob("interim0-*/.submitit/*/*_log.out"))) == 3
 
 
 def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_path):
@@ -161,7 +172,7 @@ def test_four_agents_with_critics_train_each_seed_once_and_resume(tmp_path):
     assert state["finished"] and state["trainings_run"] == 2 and state["evaluations_run"] == 4
     assert set(state["scores"][0]) == {"bc", "planner", "planner_critic", "iql"}
     (critic,) = tmp_path.glob("critics/*/seed0/critic.pt")
-    (model,) = tmp_path.glob("trainings/*/seed0/checkpoint.pt")
+    (model,) = tmp_path.glob("trainings/*/seed0/model.pt")  # what the run handed over
     evaluations = tmp_path / "evaluations"
     settings = {
         agent: json.loads((evaluations / agent / "seed0" / "results.json").read_text())["settings"]

@@ -24,7 +24,9 @@ def tt_eval(*overrides, run_dir):
 
 def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_checkpoint, device):
     on_device = [*SMALL_PLANNER[:-1], f"device={device.type}"]
-    result = tt_eval(f"checkpoint={tiny_checkpoint}", *on_device, run_dir=tmp_path / "eval")
+    # The run directory: a run from before model.pt plans with its checkpoint.pt.
+    run = tiny_checkpoint.parent
+    result = tt_eval(f"checkpoint={run}", *on_device, run_dir=tmp_path / "eval")
     assert result.returncode == 0, result.stderr
     assert "3 episodes" in result.stdout and "normalized score" in result.stdout
     in_run_dir = json.loads((tmp_path / "eval" / "results.json").read_text())
@@ -37,6 +39,8 @@ def test_eval_end_to_end_writes_results_next_to_the_checkpoint(tmp_path, tiny_ch
         "checkpoint.pt",
     )
     assert len(in_run_dir["returns"]) == 3 and in_run_dir["lengths"] == [15, 15, 15]
+    saved = read_payload(tiny_checkpoint)["dataset"]["fingerprint"]
+    assert in_run_dir["settings"]["dataset_fingerprint"] == saved
     assert sorted(in_run_dir["seeds"]) == [0, 1, 2]
     for key in (
         "return_mean",

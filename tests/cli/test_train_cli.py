@@ -1,3 +1,4 @@
+import json
 import os
 import signal
 import subprocess
@@ -32,6 +33,8 @@ def test_train_then_resume_a_finished_run_trains_no_more(tmp_path):
     assert payload["training"]["finished"] and payload["training"]["step"] == 6
     assert payload["config"]["dataset"]["id"] == "test/tiny-v0"
     assert payload["dataset"]["eval_env_id"] == "Pendulum-v1"
+    fingerprint = payload["dataset"]["fingerprint"]  # the exact numbers it was trained on
+    assert fingerprint.startswith("sha256:") and f"content {fingerprint}" in done.stdout
 
     resumed = tt_train(
         "trainer.max_steps=6",
@@ -47,8 +50,28 @@ def test_train_then_resume_a_finished_run_trains_no_more(tmp_path):
         check=False,
     )
     assert longer.returncode == 2
-    assert "the checkpoint planned 6 steps, this config plans 8" in longer.stderr
+    assert "a cosine run cannot be extended" in longer.stderr
     assert "Traceback" not in longer.stderr
+
+
+def test_a_run_hands_over_a_model_to_plan_with_and_a_wsd_run_extends(tmp_path):
+    create_dataset("test/tiny-v0")
+    run = tmp_path / "run"
+    settings = ["trainer.schedule=wsd", "trainer.log_every=1"]
+    done = tt_train("trainer.max_steps=10", *settings, run_dir=run)
+    assert f"model to plan with: {run / 'model.pt'} (tt-eval checkpoint={run})" in done.stdout
+    model = torch.load(run / "model.pt", weights_only=True)
+    assert "optimizer" not in model["training"] and model["training"]["step"] == 10
+    refused = tt_train(f"resume={run / 'model.pt'}", *settings, run_dir=run, check=False)
+    assert refused.returncode == 2 and "holds a model to plan with" in refused.stderr
+
+    longer = tt_train("trainer.max_steps=20", *settings, f"resume={run}", run_dir=run)
+    assert "from step 9 (before its cooldown) to the longer plan" in longer.stdout, longer.stdout
+    assert "trained 20 steps" in longer.stdout
+    assert "cooled down from step 17 to 20" in longer.stdout
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 21))  # the first cooldown's lines gave way to the new run's
+    assert torch.load(run / "model.pt", weights_only=True)["training"]["step"] == 20
 
 
 def test_resume_with_another_model_shape_says_what_differs(tmp_path):
@@ -144,7 +167,7 @@ def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):
     create_dataset("test/tiny-v0")
     overrides = [*TINY, "trainer.max_steps=2"]
     checkpoint = train_cli.train_in_subprocess(tmp_path / "run", overrides)
-    assert checkpoint == tmp_path / "run" / "checkpoint.pt" and checkpoint.exists()
+    assert checkpoint == tmp_path / "run" / "model.pt" and checkpoint.exists()
 
     def no_training(*args, **kwargs):
         raise AssertionError("trained again")

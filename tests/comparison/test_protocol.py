@@ -112,7 +112,9 @@ def test_a_critic_per_seed_is_shared_by_the_agents_that_use_it(tmp_path):
     assert critic.checkpoint == Path(critic.run_dir) / "critic.pt"
     bc, planner, scored, iql = (interim.evaluations[name][5] for name in critics.names)
     model = bc.args[0]
-    assert model.endswith("/checkpoint.pt") and planner.args[0] == model
+    # The run directory: tt-eval plans with the model that the run handed over.
+    assert model == f"checkpoint={interim.uses['bc'][5]['model'].run_dir}"
+    assert planner.args[0] == model
     assert scored.args[:2] == [model, f"planner.critic={critic.checkpoint}"]
     assert iql.args[0] == f"checkpoint={critic.checkpoint}"  # no model
     assert not any(arg.startswith("planner.critic=") for arg in bc.args + planner.args + iql.args)

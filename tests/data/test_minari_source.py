@@ -189,3 +189,12 @@ def test_nan_names_the_episode():
     create_dataset("test/nan-v0", buffers=buffers, obs_dim=2)
     with pytest.raises(DatasetError, match=r"episode 1 .*rewards at step 2"):
         load_episodes("test/nan-v0")
+
+
+def test_a_dataset_without_a_stored_fingerprint_gets_one_from_its_numbers():
+    _, first = load_episodes(create_dataset("test/print-a-v0", seed=0).spec.dataset_id)
+    _, same = load_episodes(create_dataset("test/print-b-v0", seed=0).spec.dataset_id)
+    _, other = load_episodes(create_dataset("test/print-c-v0", seed=1).spec.dataset_id)
+    assert first.fingerprint.startswith("sha256:") and len(first.fingerprint) == 7 + 16
+    assert same.fingerprint == first.fingerprint != other.fingerprint
+    assert DatasetInfo.from_dict(first.to_dict()) == first

@@ -29,6 +29,7 @@ from trajectory_transformer.suites import (
     reacher,
 )
 from trajectory_transformer.suites.actors import GaussianActor
+from trajectory_transformer.suites.collect import content_fingerprint
 from trajectory_transformer.suites.locomotion import HOPPER as hopper
 from trajectory_transformer.suites.locomotion import WALKER2D as walker2d
 
@@ -207,6 +208,9 @@ def test_a_tiny_build_is_a_minari_dataset_with_reference_scores(spec, minari_dir
     assert dataset.total_steps == sum(len(e.rewards) for e in episodes)
 
     metadata = dataset.storage.metadata
+    # A digest of its numbers names the exact build in every result trained on it.
+    assert metadata["content_fingerprint"] == content_fingerprint(episodes)
+    assert metadata["content_fingerprint"].startswith("sha256:")
     np.testing.assert_allclose(
         [metadata["ref_min_score"], metadata["ref_max_score"]],
         spec.suite.reference_scores(3, REFERENCE_EPISODES),
@@ -267,6 +271,8 @@ def test_deterministic_given_a_seed(spec, tmp_path, monkeypatch):
 
     first, again, other = build_in("a", 0), build_in("b", 0), build_in("c", 1)
     assert_same_episodes(again, first)
+    assert content_fingerprint(again) == content_fingerprint(first)
+    assert content_fingerprint(other) != content_fingerprint(first)
     assert not np.allclose(first[0].observations[0], other[0].observations[0])
 
 

@@ -10,12 +10,12 @@ from conftest import tiny_training
 from test_trainer import assert_same_weights, run_to_end
 from test_validation import held_out_windows
 
+from trajectory_transformer.progress import format_duration
 from trajectory_transformer.training import trainer as trainer_module
 from trajectory_transformer.training.schedule import (
     Cooldown,
     RunClock,
     cooldown_due,
-    format_duration,
     parse_duration,
 )
 from trajectory_transformer.training.trainer import Trainer, TrainerConfig
@@ -265,3 +265,115 @@ def test_under_the_stopping_rule_the_progress_shows_the_rule_not_the_caps_end(tm
     assert budgeted._progress()["left"] == "10m00s"
     fixed = make_trainer(tmp_path, max_steps=60)
     assert fixed._bar_total() == 60 and fixed._progress() == {}
+
+
+def test_schedule_free_warms_up_over_the_steps_the_budget_fits(tmp_path, monkeypatch):
+    trainer = make_trainer(
+        tmp_path, schedule="schedule_free", max_steps=1000, time_budget="3s", warmup_fraction=0.1
+    )
+    assert trainer.optimizer.param_groups[0]["warmup_steps"] == 100  # a tenth of the cap
+    fake_clock(monkeypatch, trainer, 0.1)  # 30 steps fit
+    trainer.train()
+    assert trainer.step == 30
+    assert trainer.optimizer.param_groups[0]["warmup_steps"] == 3  # a tenth of those
+
+
+def test_a_time_budget_keeps_room_for_the_closing_validation_evaluation_and_saves(tmp_path):
+    """Steps of 0.1 s, planner evaluations of 1 s every 10 steps, saves of 0.05 s: the last
+    evaluation and saves, after the last step, still end within the budget plus one step."""
+    now = [0.0]
+    model, windows, _, cfg = tiny_training(
+        max_steps=1000, time_budget="10s", eval_every=10, checkpoint_every=1000
+    )
+
+    def evaluate(model):
+        now[0] += 1.0
+        return 0.0, {}
+
+    def save(state, name="checkpoint.pt"):
+        now[0] += 0.05
+        return tmp_path / name
+
+    trainer = Trainer(model, windows, cfg, save, progress=False, evaluate=evaluate)
+    step = trainer.train_step
+
+    def timed_step(window_ids):
+        now[0] += 0.1
+        return step(window_ids)
+
+    trainer.train_step = timed_step
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trainer_module.time, "perf_counter", lambda: now[0])
+        trainer.train()
+    assert now[0] <= 10 + 0.1 + 1e-9
+    # At step 40, 7.05 s in: 8 steps, the evaluation due after step 40 and the closing one,
+    # and the two closing saves fit; step 50's evaluation would not.
+    assert trainer.step == 48 and now[0] == pytest.approx(9.9)
+    assert trainer.clock.elapsed <= 10 + 0.1
+
+
+def straight_and_extended(tmp_path, schedule: str, **settings) -> tuple[Trainer, Trainer, dict]:
+    """A run of 40 steps; a run of 20 steps extended to 40 by a resume with the larger cap;
+    and the finished 20-step run's state."""
+    settings = dict(schedule=schedule, warmup_fraction=0.0, **settings)
+    straight = make_trainer(tmp_path, max_steps=40, **settings)
+    straight.train()
+    short = make_trainer(tmp_path, max_steps=20, **settings)
+    short.train()
+    state = short.state(finished=True)
+    extended = make_trainer(tmp_path, max_steps=40, **settings)
+    extended.model.load_state_dict(short.model.state_dict())
+    extended.load_state(state)
+    return straight, extended, state
+
+
+def test_a_wsd_run_extends_from_before_its_cooldown_and_ends_annealed_again(tmp_path):
+    """The 20-step run cooled down from step 17: extended to 40, it goes on from step 17's
+    weights and optimiser at the peak, cools down from step 34, and ends as the 40-step run
+    does (no warm-up, so the two plans agree on every earlier step)."""
+    straight, extended, state = straight_and_extended(tmp_path, "wsd")
+    assert state["cooldown"] == {"start": 17, "end": 20, "level": 1.0}
+    assert extended.step == 17 and extended.extended_from == 17 and extended.cooldown is None
+    for name, tensor in extended.model.state_dict().items():
+        torch.testing.assert_close(tensor, state["before_cooldown"]["model"][name], rtol=0, atol=0)
+    rates = learning_rates(extended)
+    assert extended.step == 40 and extended.cooldown == Cooldown(34, 40)
+    assert rates[:17] == [PEAK] * 17 and rates[-1] == pytest.approx(0.1 * PEAK)
+    assert_same_weights(straight.model, extended.model)
+
+
+def test_a_schedule_free_run_extends_from_where_it_ended(tmp_path):
+    """Its average is a finished model at every step: the extended run takes 20 more steps
+    from the finished run's state, the same as the 40-step run up to rounding (the point its
+    steps are taken at is recomputed from the saved average)."""
+    straight, extended, _ = straight_and_extended(tmp_path, "schedule_free")
+    assert extended.step == 20 and extended.extended_from == 20
+    extended.train()
+    assert extended.step == 40
+    assert_same_weights(straight.model, extended.model, rtol=1e-4, atol=1e-5)
+
+
+def test_a_longer_cosine_run_is_refused_and_says_why(tmp_path):
+    trainer = make_trainer(tmp_path, schedule="cosine", max_steps=20)
+    state = trainer.state()
+    with pytest.raises(ValueError, match="a cosine run cannot be extended: its learning rate"):
+        make_trainer(tmp_path, schedule="cosine", max_steps=40).load_state(state)
+    with pytest.raises(ValueError, match=r"or a larger trainer\.max_steps or trainer\.time_budget"):
+        make_trainer(tmp_path, schedule="wsd", max_steps=10).load_state(
+            make_trainer(tmp_path, schedule="wsd", max_steps=20).state()
+        )
+    budget = make_trainer(tmp_path, schedule="wsd", max_steps=20, time_budget="1m").state()
+    with pytest.raises(ValueError, match="planned 20 steps within 60 s, this config plans 20 "):
+        make_trainer(tmp_path, schedule="wsd", max_steps=20, time_budget="30s").load_state(budget)
+
+
+def test_resuming_a_finished_wsd_run_says_why_it_stopped(tmp_path):
+    trainer = make_trainer(tmp_path, schedule="wsd", max_steps=20)
+    trainer.train()
+    resumed = make_trainer(tmp_path, schedule="wsd", max_steps=20)
+    resumed.load_state(trainer.state(finished=True))
+    summary = resumed.train()
+    assert summary.steps == 20 and resumed.extended_from is None
+    assert summary.stop_reason == (
+        "the run neared its 20 planned steps, so the learning rate cooled down from step 17 to 20"
+    )

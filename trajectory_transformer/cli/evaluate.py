@@ -12,7 +12,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from trajectory_transformer.checkpoint import CheckpointError, value_targets_of
+from trajectory_transformer.checkpoint import CheckpointError, checkpoint_file, value_targets_of
 from trajectory_transformer.cli.common import (
     ConfigError,
     command,
@@ -37,6 +37,8 @@ def run(cfg: EvaluateConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
+    if cfg.planner.agent != "iql":  # a run directory: the model it handed over
+        cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))
     if cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
@@ -93,6 +95,7 @@ def run(cfg: EvaluateConfig) -> dict:
     result.settings = {
         "checkpoint": str(Path(cfg.checkpoint).resolve()),
         "dataset": info.dataset_id,
+        "dataset_fingerprint": info.fingerprint,  # the numbers the model was trained on
         "env": cfg.eval.env_id or info.eval_env_id,
         "planner_preset": preset,
         "planner": planner_settings(cfg, planner),

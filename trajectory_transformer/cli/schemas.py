@@ -244,7 +244,9 @@ class EvalConfig:
 @dataclass
 class EvaluateConfig:
     checkpoint: str = MISSING
-    """Path of a `checkpoint.pt` written by tt-train."""
+    """tt-train's run directory (the model it handed over, `model.pt`), or a checkpoint file
+    (`model.pt`, `checkpoint.pt`, `best_validation.pt`, `best.pt`); with `planner=iql`, a
+    critic's `critic.pt`."""
     device: str = "auto"
     """`auto` (cuda when available), `cpu`, `cuda`, ..."""
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -21,11 +21,15 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer.checkpoint import (
+    PLANNING_MODEL,
+    RUN_STATE,
     CheckpointError,
     build_payload,
     check_compatible,
+    checkpoint_file,
     read_payload,
     save_atomic,
+    write_planning_model,
 )
 from trajectory_transformer.cli.common import (
     INTERRUPTED_EXIT_CODE,
@@ -233,7 +237,7 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     say(
         f"dataset {info.dataset_id}: {info.num_episodes} episodes, {info.num_transitions} "
         f"transitions, obs {info.observation_dim} dims, act {info.action_dim} dims, "
-        f"mean return {episodes.episode_returns().mean():.1f}"
+        f"mean return {episodes.episode_returns().mean():.1f}; content {info.fingerprint}"
     )
     fraction = validation_fraction(cfg)
     held_out, split = None, None
@@ -247,7 +251,15 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         )
     transitions = joint_transitions(episodes, cfg.dataset.discount, cfg.dataset.terminal_penalty)
 
-    resume = read_payload(cfg.resume) if cfg.resume else None
+    resume = None
+    if cfg.resume:
+        resume_file = checkpoint_file(cfg.resume, to_resume=True)
+        resume = read_payload(resume_file)
+        if "optimizer" not in (resume.get("training") or {}):
+            raise CheckpointError(
+                f"{resume_file} holds a model to plan with, not a run's state: resume from the "
+                f"run's {RUN_STATE} (or its run directory)."
+            )
     if resume is not None:
         discretizer = Discretizer.from_state_dict(resume["discretizer"])
     else:
@@ -289,7 +301,7 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         model.set_value_inputs(discretizer.values, *discretizer.value_normalisation())
     if dist.rank > 0:
         torch.manual_seed(cfg.seed + dist.rank)  # dropout masks of its own on every rank
-    checkpoint_path = run_dir / "checkpoint.pt"
+    checkpoint_path = run_dir / RUN_STATE
 
     def save(training_state: dict, name: str = checkpoint_path.name) -> Path:
         payload = build_payload(model, discretizer, info, config, training_state, split)
@@ -299,11 +311,6 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     if cfg.trainer.eval_every is not None and dist.is_main:
         play, env = planner_evaluation(cfg, discretizer, info, config, device)
     loggers, metrics_log, wandb_run = [], None, None
-    if dist.is_main:
-        resumed_step = resume["training"]["step"] if resume is not None else 0
-        metrics_log = MetricsLog(run_dir, cfg.resume and Path(cfg.resume), resumed_step)
-        wandb_log, wandb_run = make_wandb_logger(cfg, config, run_dir)
-        loggers = [metrics_log] + ([wandb_log] if wandb_log is not None else [])
 
     def log(metrics: dict, step: int) -> None:
         for logger in loggers:
@@ -315,7 +322,7 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         cfg.trainer,
         save,
         seed=cfg.seed,
-        log=log if loggers else None,
+        log=log if dist.is_main else None,
         validation=validation,
         evaluate=play,
         dist=dist,
@@ -326,7 +333,20 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             trainer.load_state(resume["training"])
         except ValueError as error:  # a plan that differs from the checkpoint's: no traceback
             raise CheckpointError(f"{cfg.resume}: {error}") from error
-        say(f"resumed from {cfg.resume} at step {trainer.step}/{trainer.total_steps}")
+        if trainer.extended_from is not None:
+            before = " (before its cooldown)" if trainer.step < resume["training"]["step"] else ""
+            say(
+                f"extending the run of {resume_file} from step {trainer.step}{before} to the "
+                f"longer plan: {trainer.total_steps} steps at most"
+            )
+        else:
+            say(f"resumed from {resume_file} at step {trainer.step}/{trainer.total_steps}")
+    if dist.is_main:
+        # The loss curve up to where the run goes on from (for an extended WSD run, the step
+        # its cooldown began), read from the folder of the checkpoint it resumes.
+        metrics_log = MetricsLog(run_dir, resume and resume_file, trainer.step)
+        wandb_log, wandb_run = make_wandb_logger(cfg, config, run_dir)
+        loggers = [metrics_log] + ([wandb_log] if wandb_log is not None else [])
     length = f"{trainer.total_steps} steps planned ({trainer.epochs} epochs of "
     if trainer.stopping_rule:
         length = (
@@ -354,17 +374,21 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             metrics_log.close()
         if env is not None:
             env.close()
+    model_file = None
+    if dist.is_main:
+        model_file = write_planning_model(run_dir, validated=validation is not None)
     say(summary.line())
-    return summary.checkpoint
+    say(f"model to plan with: {model_file} (tt-eval checkpoint={run_dir})")
+    return model_file
 
 
 def train_in_subprocess(
     run_dir: str | os.PathLike, overrides: Sequence[str] = (), reuse: bool = True
 ) -> Path:
     """Run tt-train with Hydra `overrides` in a fresh process (as a notebook or script would)
-    and return its checkpoint. With `reuse`, a checkpoint already in `run_dir` is returned
-    without training, so re-running a notebook does not train again."""
-    checkpoint = Path(run_dir) / "checkpoint.pt"
+    and return the model it hands over (`model.pt`). With `reuse`, a model already in
+    `run_dir` is returned without training, so re-running a notebook does not train again."""
+    checkpoint = Path(run_dir) / PLANNING_MODEL
     if reuse and checkpoint.exists():
         print(f"using the checkpoint trained before: {checkpoint}")
         return checkpoint

@@ -389,7 +389,8 @@ def plan_interim(
                 trained[need] = uses[agent.name][seed][need].checkpoint
             wanted += len(trained)
             if "model" in trained:
-                checkpoints = [f"checkpoint={trained['model']}"]
+                # The run directory: tt-eval plans with the model the run handed over.
+                checkpoints = [f"checkpoint={trained['model'].parent}"]
                 if "critic" in trained:
                     checkpoints.append(f"planner.critic={trained['critic']}")
             else:  # the critic's own policy (planner=iql)

@@ -31,15 +31,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from trajectory_transformer.critic.model import CriticShape, IQLCritic, IQLPolicy
 from trajectory_transformer.data.episodes import TERMINAL_PENALTY, Episodes, penalized_rewards
+from trajectory_transformer.progress import format_duration, progress_bar
 from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.schedule import (
     RunClock,
     cosine_learning_rate,
-    format_duration,
     parse_duration,
 )
 from trajectory_transformer.training.trainer import NonFiniteLossError
@@ -337,13 +336,7 @@ class CriticTrainer:
         self.policy.train()
         start = time.perf_counter()
         self.clock.started(self.step)
-        bar = tqdm(
-            total=cfg.steps,
-            initial=self.step,
-            desc="critic",
-            disable=not self.progress,
-            dynamic_ncols=True,
-        )
+        bar = progress_bar(cfg.steps, "critic", self.step, disable=not self.progress)
         try:
             with self.stops.installed():
                 while self.step < cfg.steps and not self.clock.out_of_time:

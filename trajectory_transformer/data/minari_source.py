@@ -19,6 +19,7 @@ import numpy as np
 
 from trajectory_transformer import suites
 from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.suites.collect import FINGERPRINT_KEY, content_fingerprint
 
 
 class DatasetError(ValueError):
@@ -44,6 +45,10 @@ class DatasetInfo:
     """A Dict observation space flattened: its keys (nested ones as `outer/inner`) in the
     order their values are concatenated, each with its shape; None for a flat Box (and in
     checkpoints written before Dict spaces were read)."""
+    fingerprint: str | None = None
+    """A digest of the dataset's numbers (`suites.collect.content_fingerprint`), so that a
+    result names the exact data: from the metadata of an embedded dataset, computed at load
+    for others; None in checkpoints written before it."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -243,6 +248,8 @@ def dataset_info(
         num_episodes=episodes.num_episodes,
         num_transitions=episodes.num_transitions,
         observation_layout=observation_layout(dataset.observation_space),
+        fingerprint=metadata.get(FINGERPRINT_KEY)
+        or content_fingerprint(dataset.iterate_episodes()),
     )
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
-from tqdm.auto import tqdm
 
 from trajectory_transformer.evaluation.agent import Agent, EvaluationObserver
+from trajectory_transformer.progress import progress_bar
 from trajectory_transformer.scores import mean_and_stderr, normalized_score
 
 
@@ -241,12 +241,8 @@ def _play(
     manual_reset = env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.DISABLED
     spec = env.get_attr("spec")[0]
     max_steps = getattr(spec, "max_episode_steps", None)
-    bar = tqdm(
-        total=len(pending) * max_steps if max_steps else None,
-        desc="eval env-steps",
-        disable=not progress,
-        dynamic_ncols=True,
-    )
+    total = len(pending) * max_steps if max_steps else None
+    bar = progress_bar(total, "eval env-steps", disable=not progress)
     reset_env = getattr(agent, "reset_env", None)  # a stateless agent may have none
     episode_of_slot = np.full(num_envs, -1, dtype=np.int64)
     running = np.zeros(num_envs, dtype=np.float64)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import shutil
 import warnings
@@ -366,12 +367,39 @@ def write(
                 num_episodes_average_score=reference_episodes,
                 description=description,
             )
-            if metadata:
-                dataset.storage.update_metadata(metadata)
+            fingerprint = content_fingerprint(dataset.iterate_episodes())
+            dataset.storage.update_metadata({**(metadata or {}), FINGERPRINT_KEY: fingerprint})
             return dataset
     except BaseException:
         shutil.rmtree(get_dataset_path(dataset_id), ignore_errors=True)  # no half-written dataset
         raise
+
+
+FINGERPRINT_KEY = "content_fingerprint"
+"""The key of a dataset's content fingerprint in its Minari metadata."""
+
+
+def content_fingerprint(episodes: Iterable) -> str:
+    """`sha256:` and 16 hex digits of a digest of every episode's observations (a Dict's
+    values in key order), actions, rewards, terminations and truncations, their dtypes and
+    shapes included: two builds of a dataset share it only if they hold the same numbers (an
+    embedded dataset built on another CPU, or with other library versions, may not)."""
+    digest = hashlib.sha256()
+
+    def add(value) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value):
+                digest.update(str(key).encode())
+                add(value[key])
+            return
+        array = np.ascontiguousarray(value)
+        digest.update(f"{array.dtype.str}{array.shape}".encode())
+        digest.update(array.tobytes())
+
+    for episode in episodes:
+        for field in ("observations", "actions", "rewards", "terminations", "truncations"):
+            add(getattr(episode, field))
+    return f"sha256:{digest.hexdigest()[:16]}"
 
 
 # ----------------------------------------------------------------------------- the builder

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SCHEDULES = ("cosine", "wsd", "schedule_free")
@@ -41,16 +42,6 @@ def parse_duration(text: str) -> float:
     if total <= 0:
         raise ValueError(f"trainer.time_budget must be longer than zero, got {text!r}")
     return total
-
-
-def format_duration(seconds: float) -> str:
-    """`1h05m`, `12m30s` or `45s`: how a progress line names a duration."""
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
 
 
 def cosine_learning_rate(
@@ -112,11 +103,19 @@ def cooldown_from(step: int, fraction: float, last_step: int, level: float) -> C
 
 class RunClock:
     """The training time of a run (over its resumes) against a budget in seconds, and the
-    steps that still fit: the time per step is measured over this process's steps."""
+    steps that still fit. The time per step is measured over this process's steps, less the
+    time of the work between steps (validations, evaluations, saves), which is planned apart:
+    an evaluation every 1,000 steps costs nothing for 999 steps, then all at once."""
 
     def __init__(self, budget: float | None, elapsed: float = 0.0) -> None:
         self.budget = budget
         self.elapsed = elapsed  # seconds of training before this process, then running total
+        self.work = 0.0  # seconds of this process's work between steps
+        self.reserve = 0.0
+        """Seconds kept free for the run's closing work (its last validation, evaluation and
+        saves), as long as they took when last measured."""
+        self.periodic: Callable[[int, int], float] | None = None
+        """Seconds of the work due strictly between two steps (from, to)."""
         self._start_elapsed = elapsed
         self._start_step: int | None = None
 
@@ -131,22 +130,33 @@ class RunClock:
         taken = step - (self._start_step or 0)
         if self._start_step is None or taken < 5:
             return None
-        return (self.elapsed - self._start_elapsed) / taken
+        return max(0.0, self.elapsed - self._start_elapsed - self.work) / taken
 
     def steps_that_fit(self, step: int) -> int | None:
-        """The last step the budget reaches at the measured pace; None without a budget or a
-        measurement yet."""
+        """The last step the budget reaches at the measured pace, the work due before it and
+        the closing work included; None without a budget or a measurement yet."""
         if self.budget is None:
             return None
         pace = self.seconds_per_step(step)
         if pace is None:
             return None
-        # A step that fits up to rounding counts as fitting.
-        return step + max(0, math.floor((self.budget - self.elapsed) / max(pace, 1e-9) + 1e-6))
+        room = self.budget - self.reserve - self.elapsed
+        pace = max(pace, 1e-9)
+
+        def fits(last: int) -> bool:  # a step that fits up to rounding counts as fitting
+            work = 0.0 if self.periodic is None else self.periodic(step, last)
+            return (last - step) * pace + work <= room + 1e-6 * pace
+
+        low, high = step, step + max(0, math.floor(room / pace + 1e-6))
+        while low < high:  # the last step that fits, by bisection
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if fits(middle) else (low, middle - 1)
+        return low
 
     @property
     def out_of_time(self) -> bool:
-        return self.budget is not None and self.elapsed >= self.budget
+        """No time is left for another step: only for the closing work."""
+        return self.budget is not None and self.elapsed + self.reserve >= self.budget
 
     @property
     def left(self) -> float | None:

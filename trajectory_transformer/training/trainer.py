@@ -11,6 +11,8 @@ evaluation during training (`best.pt`). The schedules, and the wall-clock budget
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import math
 import sys
 import time
@@ -20,10 +22,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import TrajectoryGPT
+from trajectory_transformer.progress import format_duration, progress_bar
 from trajectory_transformer.training.distributed import Distributed
 from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.schedule import (
@@ -33,7 +35,6 @@ from trajectory_transformer.training.schedule import (
     cooldown_due,
     cooldown_from,
     cosine_learning_rate,
-    format_duration,
     parse_duration,
     wsd_learning_rate,
 )
@@ -379,6 +380,10 @@ class Trainer:
         cooldown = COOLDOWN_LINE if cfg.cooldown_on_interrupt else None
         self.stops = StopRequests(cooldown, announce=self.dist.is_main)
         self._cooldown_reason = ""
+        self._before_cooldown: dict | None = None  # WSD: the state a longer run resumes from
+        self._work_seconds: dict[str, float] = {}  # the last validation, evaluation, save
+        self._work_total = 0.0  # seconds of work between steps in this process
+        self.extended_from: int | None = None  # the step a longer run went on from
 
     def _training_forward(self, model: TrajectoryGPT) -> torch.nn.Module:
         """The module that training calls: DDP around the model across ranks, compiled if
@@ -441,16 +446,20 @@ class Trainer:
         cosine's span that follows it, and whether WSD's cooldown is due."""
         fit = self.clock.steps_that_fit(self.step)
         if fit is not None:
-            if self.cfg.schedule != "schedule_free":  # the cosine's span, the warm-up's
-                span = min(self.scheduled_steps, max(fit, 1))
-                self.planned_tokens = float(span * self.tokens_per_step)
+            span = min(self.scheduled_steps, max(fit, 1))  # the cosine's span, the warm-up's
+            self.planned_tokens = float(span * self.tokens_per_step)
+            if self.cfg.schedule == "schedule_free":  # its warm-up counts steps, itself
+                for group in self.optimizer.param_groups:
+                    group["warmup_steps"] = round(self.cfg.warmup_fraction * span)
             if self.cooldown is not None and fit < self.cooldown.end:  # slower than planned
                 self.cooldown = replace(self.cooldown, end=max(fit, self.step))
         if self.cfg.schedule == "wsd" and self.cooldown is None:
             last = self.last_step()
             level = self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
-            self.cooldown = cooldown_due(self.step, self.cfg.cooldown_fraction, last, level)
-            if self.cooldown is not None:
+            cooldown = cooldown_due(self.step, self.cfg.cooldown_fraction, last, level)
+            if cooldown is not None:
+                self._keep_state_before_cooldown()
+                self.cooldown = cooldown
                 self._cooldown_reason = (
                     f"the time budget of {self.cfg.time_budget} drew near"
                     if last < self.total_steps
@@ -460,10 +469,19 @@ class Trainer:
     def _start_cooldown(self, reason: str) -> None:
         """WSD: cool down from now over `cooldown_fraction` of the steps so far."""
         level = self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
+        self._keep_state_before_cooldown()
         self.cooldown = cooldown_from(
             self.step, self.cfg.cooldown_fraction, self.last_step(), level
         )
         self._cooldown_reason = reason
+
+    def _keep_state_before_cooldown(self) -> None:
+        """WSD: the run as it stands when its cooldown begins (weights, optimiser, position),
+        kept in every later checkpoint: a resume that plans a longer run goes on from here,
+        at the peak, and cools down again at its new end."""
+        state = copy.deepcopy(self.state())
+        state["model"] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self._before_cooldown = state
 
     def _in_schedule_free_steps(self) -> bool:
         """The model holds the point schedule-free takes its steps at, not its average."""
@@ -527,9 +545,13 @@ class Trainer:
             "best_score": self.best_score,
             "schedule": self.cfg.schedule,
             "cooldown": None if self.cooldown is None else asdict(self.cooldown),
+            "cooldown_reason": self._cooldown_reason,
             "elapsed_seconds": self.clock.elapsed,
+            "time_budget_seconds": self.clock.budget,
             **rng,
         }
+        if self._before_cooldown is not None:
+            state["before_cooldown"] = self._before_cooldown
         if self._in_schedule_free_steps():  # checkpoints hold the average; resume needs both
             state["steps_weights"] = {
                 name: p.detach().clone() for name, p in self.model.named_parameters()
@@ -539,17 +561,18 @@ class Trainer:
         return state
 
     def load_state(self, state: dict) -> None:
-        if state["total_steps"] != self.total_steps:
-            raise ValueError(
-                f"the checkpoint planned {state['total_steps']} steps, this config plans "
-                f"{self.total_steps}; resume with the same trainer settings."
-            )
+        """Go on with the run that `state` describes: the same plan, or a longer one (a larger
+        step cap or time budget) under `wsd` or `schedule_free`, which extends it. The model's
+        weights are the checkpoint's, loaded by the caller; an extended WSD run replaces them
+        with those from before its cooldown."""
         schedule = state.get("schedule", "cosine")
         if schedule != self.cfg.schedule:
             raise ValueError(
                 f"the checkpoint was trained with trainer.schedule={schedule}, this config has "
                 f"{self.cfg.schedule}; resume with trainer.schedule={schedule}"
             )
+        if self._extends(state):
+            state = self._extension_start(state)
         self.optimizer.load_state_dict(state["optimizer"])
         if "steps_weights" in state:  # the model was loaded with the averaged weights
             with torch.no_grad():
@@ -557,6 +580,8 @@ class Trainer:
                     p.copy_(state["steps_weights"][name])
         cooldown = state.get("cooldown")
         self.cooldown = None if cooldown is None else Cooldown(**cooldown)
+        self._cooldown_reason = state.get("cooldown_reason", "")
+        self._before_cooldown = state.get("before_cooldown")
         self.clock = RunClock(self.clock.budget, float(state.get("elapsed_seconds", 0.0)))
         self.step = state["step"]
         self.epoch = state["epoch"]
@@ -580,6 +605,56 @@ class Trainer:
             )
         if self.dist.rank < len(ranks):
             self._set_rng_state(ranks[self.dist.rank])
+
+    def _extends(self, state: dict) -> bool:
+        """Whether this config plans the checkpoint's run (False) or a longer one (True); a
+        shorter or different plan is refused."""
+        planned, budget = state["total_steps"], state.get("time_budget_seconds", self.clock.budget)
+        if planned == self.total_steps and budget == self.clock.budget:
+            return False
+
+        def unlimited(seconds: float | None) -> float:
+            return math.inf if seconds is None else seconds
+
+        longer = self.total_steps >= planned and unlimited(self.clock.budget) >= unlimited(budget)
+        old = f"{planned} steps" + ("" if budget is None else f" within {budget:g} s")
+        new = f"{self.total_steps} steps" + (
+            "" if self.clock.budget is None else f" within {self.clock.budget:g} s"
+        )
+        if not longer:
+            raise ValueError(
+                f"the checkpoint planned {old}, this config plans {new}; resume with the same "
+                "trainer settings, or a larger trainer.max_steps or trainer.time_budget to "
+                "extend the run."
+            )
+        if self.cfg.schedule == "cosine":
+            raise ValueError(
+                f"the checkpoint planned {old}, this config plans {new}: a cosine run cannot be "
+                "extended: its learning rate decays over the length planned at its start, so a "
+                "longer plan would change the rates of the steps already taken. Resume with the "
+                "same trainer settings; for runs you can extend, train with "
+                "trainer.schedule=wsd or schedule_free."
+            )
+        return True
+
+    def _extension_start(self, state: dict) -> dict:
+        """The state a longer run goes on from: WSD's from before its cooldown (its weights
+        put into the model), schedule-free's as it is (its average is a finished model at
+        every step, and its steps go on from where they were)."""
+        self.extended_from = state["step"]
+        if self.cfg.schedule != "wsd" or state.get("cooldown") is None:
+            return state
+        before = state.get("before_cooldown")
+        if before is None:
+            raise ValueError(
+                "the checkpoint's cooldown has begun and it keeps no state from before it, so "
+                "the run cannot be extended; resume with the same trainer settings."
+            )
+        with torch.no_grad():
+            for name, tensor in self.model.state_dict().items():
+                tensor.copy_(before["model"][name])
+        self.extended_from = before["step"]
+        return before
 
     # -- loop ----------------------------------------------------------------------------
     def _epoch_order(self) -> torch.Tensor:
@@ -700,7 +775,7 @@ class Trainer:
         state = self.state(finished=finished)
         path = None
         if self.dist.is_main:
-            with self._evaluation_weights():
+            with self._timed("save"), self._evaluation_weights():
                 path = self.save(state) if name == "checkpoint.pt" else self.save(state, name)
         if name == "checkpoint.pt":
             self.saved_step = self.step
@@ -722,7 +797,8 @@ class Trainer:
             metrics |= {"train/tokens_per_s": rate, "train/epoch": self.epoch}
         stop = None
         if self.validation is not None and (self.step % cfg.validate_every == 0 or final):
-            validation = self.validate()
+            with self._timed("validate"):
+                validation = self.validate()
             metrics |= validation
             best = self.best_validation
             if best is None or validation["val/loss"] < best[0] - cfg.min_delta:
@@ -744,7 +820,8 @@ class Trainer:
                 self._progress(loss=f"{self.last_loss:.4f}", val=f"{validation['val/loss']:.4f}")
             )
         if cfg.eval_every is not None and (self.step % cfg.eval_every == 0 or final or stop):
-            score, scores = self._evaluate_planner()
+            with self._timed("evaluate"):
+                score, scores = self._evaluate_planner()
             metrics |= scores
             if self.best_score is None or score > self.best_score[0]:
                 self.best_score = (score, self.step)
@@ -754,6 +831,40 @@ class Trainer:
         if stop is None and self.step % cfg.checkpoint_every == 0 and not final:
             self._save()
         return stop
+
+    @contextlib.contextmanager
+    def _timed(self, work: str) -> Iterator[None]:
+        """Time the work between steps (`validate`, `evaluate`, `save`): the time budget
+        plans the next of each as long as the last took, and keeps room for the closing ones
+        (two saves: the checkpoint and the model to plan with)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            self._work_seconds[work] = seconds
+            self._work_total += seconds
+
+    def _closing_seconds(self, costs: dict[str, float]) -> float:
+        reserve = 2 * costs.get("save", 0.0)
+        if self.validation is not None:
+            reserve += costs.get("validate", 0.0)
+        if self.cfg.eval_every is not None:
+            reserve += costs.get("evaluate", 0.0)
+        return reserve
+
+    def _periodic_seconds(self, costs: dict[str, float], start: int, end: int) -> float:
+        """The work due after steps `start` (just taken, its work still to come) to `end`,
+        `end` excluded (its work is the closing work)."""
+
+        def due(every: int | None) -> int:
+            return 0 if every is None else max(0, (end - 1) // every - (start - 1) // every)
+
+        cfg, save = self.cfg, costs.get("save", 0.0)
+        seconds = due(cfg.checkpoint_every) * save
+        if self.validation is not None:
+            seconds += due(cfg.validate_every) * costs.get("validate", 0.0)
+        return seconds + due(cfg.eval_every) * costs.get("evaluate", 0.0)
 
     def _progress(self, **fields: str) -> dict[str, str]:
         """The progress bar's fields: the loss, and what decides the run's length. Under the
@@ -783,13 +894,7 @@ class Trainer:
             self.optimizer.train()  # a checkpoint holds the averaged weights: back to steps'
         start_time, start_tokens = time.perf_counter(), self.tokens_seen
         self.clock.started(self.step)
-        bar = tqdm(
-            total=self._bar_total(),
-            initial=self.step,
-            desc="train",
-            disable=not self.progress,
-            dynamic_ncols=True,
-        )
+        bar = progress_bar(self._bar_total(), "train", self.step, disable=not self.progress)
         loss = None
         stop_reason = None
         previous_handler = self._catch_interrupt()
@@ -805,9 +910,12 @@ class Trainer:
                 loss = self.train_step(self._epoch_order()[first : first + self.cfg.batch_size])
                 bar.update(1)
                 seconds = time.perf_counter() - start_time
+                work, costs = self._work_total, dict(self._work_seconds)
                 if self.clock.budget is not None:  # the ranks plan by one clock, rank 0's
-                    seconds = self.dist.from_main(seconds)
+                    seconds, work, costs = self.dist.from_main((seconds, work, costs))
                 self.clock.tick(seconds)
+                self.clock.work, self.clock.reserve = work, self._closing_seconds(costs)
+                self.clock.periodic = functools.partial(self._periodic_seconds, costs)
                 self._replan()
                 final = self.step >= self.last_step() or self.clock.out_of_time
                 if bar.total != self._bar_total():
@@ -830,6 +938,7 @@ class Trainer:
             self.last_loss = float(self.dist.sum_(loss.clone()))
         if self.cfg.schedule == "schedule_free":
             self.optimizer.eval()  # the model leaves training with its averaged weights
+        self.clock.tick(time.perf_counter() - start_time)  # the closing work counts too
         path = self._save(finished=True)
         seconds = time.perf_counter() - start_time
         return TrainSummary(

@@ -9,6 +9,8 @@ CONSTRAINTS ?= constraints.txt
 # `make upgrade`, which resolves the other dependencies against it.
 TORCH ?= torch==2.13.0
 DEMO_DIR ?= outputs/demo
+# pytest-xdist's workers for `make test`: one per core (`make test TEST_WORKERS=0`: in-process).
+TEST_WORKERS ?= auto
 PIP_INSTALL = $(BIN)/pip install -c $(CONSTRAINTS)
 # Resolves pyproject.toml's ranges for every platform and Python version it allows, preferring
 # one version of each package for all of them.
@@ -38,7 +40,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
 
 # The lowest versions that pyproject.toml allows, every direct dependency at its floor (uv's
 # lowest-direct resolution; torch's floor is a CUDA build on Linux, a few GB), in a venv of

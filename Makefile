@@ -40,7 +40,15 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
+	$(BIN)/mkdocs build --strict --site-dir site
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+
+# The documentation site (mkdocs.yml, docs/) into site/, warnings as errors: a broken link or
+# anchor, or a page missing from the nav, fails. The build first writes the configuration
+# reference, docs/reference/configuration.md, from the code (scripts/config_reference.py).
+.PHONY: docs
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # The lowest versions that pyproject.toml allows, every direct dependency at its floor (uv's
 # lowest-direct resolution; torch's floor is a CUDA build on Linux, a few GB), in a venv of

@@ -142,9 +142,14 @@ class WandbConfig:
 @dataclass
 class TrainConfig:
     dataset: DatasetConfig = field(default_factory=DatasetConfig)
+    """The data and its tokens: a preset of configs/dataset/ (which may also pick the model
+    and trainer presets), or any Minari id with `dataset.id=...`."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The architecture (GPTConfig); its dimensions come from the data."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Optimiser, schedule, length, validation, checkpoints and precision (TrainerConfig)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Logging to Weights & Biases (off by default)."""
     planner: PlannerSchema = field(default_factory=PlannerSchema)  # type: ignore[valid-type]
     """The planner of the evaluations during training (`trainer.eval_every`)."""
     seed: int = 0
@@ -177,8 +182,11 @@ class CriticDatasetConfig:
 @dataclass
 class TrainCriticConfig:
     dataset: CriticDatasetConfig = field(default_factory=CriticDatasetConfig)
+    """The Minari dataset the critic learns from (`dataset.id` is required)."""
     critic: CriticConfig = field(default_factory=CriticConfig)
+    """IQL's hyperparameters and the run's length (CriticConfig)."""
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Logging to Weights & Biases (off by default)."""
     seed: int = 0
     """Seed of the networks' initialisation and of the batches."""
     device: str = "auto"
@@ -250,7 +258,10 @@ class EvaluateConfig:
     device: str = "auto"
     """`auto` (cuda when available), `cpu`, `cuda`, ..."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """The episodes to play and what to record of them."""
     planner: PlannerSchema = field(default_factory=PlannerSchema)  # type: ignore[valid-type]
+    """The agent that plays: the beam search's settings (PlannerConfig), a preset of
+    configs/planner/ (`planner=bc`, `planner=paper`, ...)."""
 
 
 @dataclass
@@ -299,6 +310,8 @@ class CompareJobConfig:
 @dataclass
 class CompareConfig:
     compare: ComparisonConfig = field(default_factory=ComparisonConfig)  # type: ignore[valid-type]
+    """The comparison: a preset of configs/compare/ (its dataset, agents and AdaStop's
+    settings), whose keys can be overridden (`compare.n=3`)."""
     trainings_dir: str | None = None
     """Where the models and critics are trained (`trainings/`, `critics/`); None: the
     comparison's run directory. Comparisons given the same folder train what they have in
@@ -310,3 +323,4 @@ class CompareConfig:
     nothing left to play before it only writes them. None: play until AdaStop has decided
     or `compare.K` interims are scored. The same command without it continues."""
     job: CompareJobConfig = field(default_factory=CompareJobConfig)
+    """Internal: set by tt-compare on the jobs it launches, never by hand."""

@@ -1,0 +1,83 @@
+"""The documentation: every key described, the configuration reference as the code writes it, a
+short README, and relative links that lead to files."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README_MOST_LINES = 250
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+@functools.cache
+def config_reference():
+    """scripts/config_reference.py, imported."""
+    spec = importlib.util.spec_from_file_location(
+        "config_reference", ROOT / "scripts" / "config_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_key_of_every_command_has_a_description():
+    missing = config_reference().missing_descriptions()
+    assert not missing, (
+        "config fields without a docstring (a string literal right after the field): "
+        + ", ".join(missing)
+    )
+
+
+def test_the_configuration_reference_is_what_the_code_writes():
+    reference = config_reference()
+    page = reference.PAGE
+    assert page.is_file(), f"{page} is missing: run python scripts/config_reference.py"
+    assert page.read_text() == reference.render(), (
+        f"{page.relative_to(ROOT)} is stale: run python scripts/config_reference.py (or make docs)"
+    )
+
+
+def test_the_reference_names_every_key_with_its_range():
+    text = config_reference().render()
+    for key, allowed in (
+        ("trainer.batch_size", "at least 1"),
+        ("trainer.schedule", "one of cosine, wsd, schedule_free"),
+        ("planner.cdf_act", "in (0, 1] or None"),
+        ("dataset.n_bins", "in [2, "),
+        ("critic.expectile", "in (0, 1)"),
+        ("eval.num_envs", "in [1, "),
+        ("compare.alpha", "in (0, 1)"),
+    ):
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
+        assert allowed in row, row
+    assert "| `compare.agents.<name>.eval` |" in text
+
+
+def test_the_readme_is_a_landing_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MOST_LINES, f"README.md has {len(lines)} lines"
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_every_relative_link_leads_to_a_file():
+    broken = []
+    for path in markdown_files():
+        if not path.is_file():
+            continue
+        text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # code is not links
+        for target in LINK.findall(text):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+                continue  # a URL, or an anchor on the same page
+            file = target.split("#", 1)[0]
+            if not (path.parent / file).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)

@@ -222,7 +222,7 @@ def test_comparisons_given_one_trainings_dir_train_what_they_share_once(tmp_path
     )
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert f"models and critics in {shared}" in first.stdout
-    (model,) = shared.glob("trainings/*/seed0/checkpoint.pt")
+    (model,) = shared.glob("trainings/*/seed0/model.pt")
     assert not (tmp_path / "first" / "trainings").exists()
     trained = model.stat().st_mtime_ns
     second = run_module(

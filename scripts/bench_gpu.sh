@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU figures of BENCHMARKS.md in one run, on a machine with one CUDA device where the
+# The GPU figures of docs/results/planning-gpu.md in one run, on a machine with one CUDA device where the
 # package and its dependencies import:
 #   1. the device-parametrised tests on CUDA (every path against its reference, no host sync);
 #   2. the decode paths side by side in one process (eager, compiled or fused; nothing, the step or

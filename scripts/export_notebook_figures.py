@@ -1,4 +1,4 @@
-"""Write the figures of an executed notebook as PNG files (for the README's `docs/`).
+"""Write the figures of an executed notebook as PNG files (for the figures in `docs/`).
 
     papermill notebooks/visualize_plans.ipynb /tmp/plans.ipynb --cwd notebooks
     python scripts/export_notebook_figures.py /tmp/plans.ipynb docs/ --prefix visualize_plans

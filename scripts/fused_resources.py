@@ -6,7 +6,7 @@ Triton's own ptxas does the work, so this runs on any machine where Triton is in
     python scripts/fused_resources.py --warps 4 --arch 90
 
 Spills (local memory) and register counts decide how many programs share a multiprocessor,
-which is what the fused step's speed on the GPU turned on (BENCHMARKS.md, "On the GPU").
+which is what the fused step's speed on the GPU turned on (docs/results/planning-gpu.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ already there, continued from one that is not), then `tt-eval` with the beam pla
 markdown table of normalised scores (mean ± standard error over training seeds; each seed's
 score is the mean over its evaluation episodes).
 
-    python scripts/results_table.py                                  # the README's table
+    python scripts/results_table.py                                  # the Pendulum table
     python scripts/results_table.py --datasets pendulum-medium --seeds 0 --episodes 5
     python scripts/results_table.py --datasets hopper-embedded-medium:0,1,2 \\
         hopper-embedded-medium-expert:0 --episodes 10   # seeds per dataset

@@ -5,8 +5,8 @@ By default the OpenMP runtime behind torch (GNU libgomp on Linux) lets a worker 
 its part spin for a long while (300,000 spins) before it sleeps. On a machine whose cores are
 all busy, a spinning worker holds a core that the thread it waits for needs, and each region's
 end becomes a wait for the scheduler's next time slice: a plan call that takes a third of a
-second alone took tens of seconds next to one other busy process (BENCHMARKS.md, "Planning
-next to other jobs"). A worker that sleeps at once (`OMP_WAIT_POLICY=PASSIVE`) avoids that but
+second alone took tens of seconds next to one other busy process (docs/results/planning-cpu.md).
+A worker that sleeps at once (`OMP_WAIT_POLICY=PASSIVE`) avoids that but
 pays a wake-up for every region, about 1.3x on a 1-env plan call alone. A short spin keeps
 most of both: the next region of a decode step starts within microseconds, while a worker
 whose core is wanted elsewhere gives it up almost at once.
@@ -20,7 +20,7 @@ that imports torch, and the command-line entry points live inside the package. A
 imports torch before this package keeps the runtime's default (a long spin); set the two
 variables in its environment, or import `trajectory_transformer` first.
 `OMP_WAIT_POLICY=ACTIVE` restores unbounded spinning, which a machine with idle cores to spare
-may prefer (see BENCHMARKS.md for the cost of each choice).
+may prefer (see docs/results/planning-cpu.md for the cost of each choice).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SPIN_COUNT_VARIABLE = "GOMP_SPINCOUNT"
 USER_VARIABLES = (WAIT_POLICY_VARIABLE, SPIN_COUNT_VARIABLE, "KMP_BLOCKTIME")
 SHORT_SPIN = "300"
 """Spins before a libgomp worker sleeps: alone, as fast as a longer spin within the noise;
-next to one busy process, about 2x the time alone (BENCHMARKS.md, "A short spin")."""
+next to one busy process, about 2x the time alone (docs/results/planning-cpu.md, "A short spin")."""
 
 
 def prefer_short_spin() -> str | None:

@@ -3,7 +3,7 @@
 A planner's decode step runs one new token per row through the model. Through PyTorch, even
 compiled by inductor and replayed as a CUDA graph, that is about a hundred kernels per step,
 each a few microseconds of latency over a few dozen kilobytes of work: the step is bound by
-how many kernels it launches, not by arithmetic or bytes (BENCHMARKS.md, "On the GPU").
+how many kernels it launches, not by arithmetic or bytes (docs/results/planning-gpu.md).
 
 Here a block is three kernels of many short programs. The first runs a program per tile of
 `ROWS` rows and head: the embedding (first block) or the previous block's output (its MLP's

@@ -56,7 +56,7 @@ class GPTConfig:
     """The attention mask of value tokens: True, a value token attends to itself (no token
     sees an earlier transition's value); False, the whole value column is hidden, the token's
     own position included, as in the original code (its residual stream still carries it).
-    The effect is measured in the README; the native CPU decoder implements True, and False
+    The effect is measured in docs/departures.md; the native CPU decoder implements True, and False
     decodes with the PyTorch modules."""
     value_inputs: bool = False
     """Each token's real value as a second input: normalised per dimension (clipped to the

@@ -158,8 +158,9 @@ def gather_rows_(
     positions [start, length). `index_select` copies first, so overlapping rows are safe.
 
     `by_layer` gathers one layer at a time: on the CPU, index_select along a tensor's first
-    dimension copies whole rows, about 4-10x faster than along the second (BENCHMARKS.md, "A
-    short spin, and beam reordering a layer at a time"). Elsewhere one gather per buffer keeps
+    dimension copies whole rows, about 4-10x faster than along the second
+    (docs/results/planning-cpu.md, "A short spin, and beam reordering a layer at a time").
+    Elsewhere one gather per buffer keeps
     the launches few and fixed.
     """
     n = parent.shape[0]

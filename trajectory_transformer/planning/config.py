@@ -48,7 +48,7 @@ class PlannerConfig:
     """The reward token fed back into the sequence after a planned action: `greedy`, the most
     likely one (the original's `k_rew=1`), or `sample`d from the predicted distribution. The
     beam's score uses the expectation either way. `greedy` by measurement: AdaStop could not
-    tell the two apart (README, "Where this differs from the original code")."""
+    tell the two apart (docs/departures.md)."""
     value_token: str = "greedy"
     """The value token fed back into the sequence: `greedy` or `sample`, as `reward_token`."""
     deterministic: bool = False

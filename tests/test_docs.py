@@ -81,3 +81,15 @@ def test_every_relative_link_leads_to_a_file():
             if not (path.parent / file).exists():
                 broken.append(f"{path.relative_to(ROOT)}: {target}")
     assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_python_api_reference_renders_every_exported_name():
+    import trajectory_transformer
+
+    page = (ROOT / "docs" / "reference" / "python-api.md").read_text()
+    rendered = set(re.findall(r"^::: trajectory_transformer\.(\w+)\s*$", page, flags=re.M))
+    missing = sorted(set(trajectory_transformer.__all__) - rendered)
+    assert not missing, (
+        "exported names without a `::: trajectory_transformer.<name>` block in "
+        "docs/reference/python-api.md: " + ", ".join(missing)
+    )

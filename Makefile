@@ -81,6 +81,12 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
 	$(BIN)/ruff format --check trajectory_transformer tests scripts notebooks
 
+# Every results table of the README and docs/ written from its record, docs/results/records/
+# (scripts/render_results.py; `--check` only compares).
+.PHONY: results-tables
+results-tables: | $(BIN)/python
+	$(BIN)/python scripts/render_results.py
+
 bench: $(VENV)/.installed
 	$(BIN)/python scripts/bench_train.py
 

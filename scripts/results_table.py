@@ -12,6 +12,12 @@ score is the mean over its evaluation episodes).
         hopper-embedded-medium-expert:0 --episodes 10   # seeds per dataset
     python scripts/results_table.py --datasets pointmaze-umaze-paper:0,1,2 --planner paper
 
+`--record docs/results/records/<name>.json` also writes the table as a results record, with the
+command, machine and date, from which `scripts/render_results.py` writes the pages' tables
+that show it (`<!-- results: <name> -->`):
+
+    python scripts/results_table.py --record docs/results/records/planner-scores/pendulum.json
+
 A dataset whose episodes are not episodes of its evaluation task (pointmaze/*: each ends at a
 goal drawn at random, with a return of 1) is represented in the table by its behaviour policy's
 score in the evaluation env, which its metadata records, and the table says so.
@@ -20,7 +26,12 @@ score in the evaluation env, which its metadata records, and the table says so.
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
 import json
+import os
+import platform
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +151,32 @@ def dataset_score(dataset_id: str) -> float:
     return float(scores.mean())
 
 
+def write_record(path: Path, columns: list[str], rows: list[list[str]], note: str) -> None:
+    """The table as a results record (docs/results/records/), in scripts/render_results.py's
+    format, with the command that measured it, the machine and the date."""
+    spec = importlib.util.spec_from_file_location(
+        "render_results", Path(__file__).resolve().parent / "render_results.py"
+    )
+    render_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render_results)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    record = {"title": "Planner against behaviour cloning and the data"}
+    if path.is_file():  # a re-measurement keeps what the record says of itself
+        record.update(
+            {k: v for k, v in json.loads(path.read_text()).items() if k in ("title", "page")}
+        )
+    record["provenance"] = {
+        "commands": [shlex.join(["python", "scripts/results_table.py", *sys.argv[1:]])],
+        "machines": [f"{cores}-core {platform.machine()} CPU, {platform.system()}"],
+        "dates": [datetime.date.today().isoformat()],
+    }
+    record["note"] = note
+    record["columns"] = columns
+    record["rows"] = rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_results.format_record(record))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -154,6 +191,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/results"))
     parser.add_argument("--train", nargs="*", default=[], help="extra tt-train overrides")
     parser.add_argument("--eval", nargs="*", default=[], help="extra tt-eval overrides")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        help="also write the table as this results record (docs/results/records/<name>.json)",
+    )
     args = parser.parse_args()
     ids: dict[str, str] = {}  # preset: Minari id, each checked before any training
     for spec in args.datasets:
@@ -201,16 +243,27 @@ def main() -> None:
         training = f"{sum(trained) / len(trained):.0f}" if trained else "?"
         return f"{training} + {sum(plan for _, plan in minutes) / len(minutes):.0f}"
 
-    lines = [
-        f"| dataset | dataset mean | BC | planner ({args.planner}) | training seeds "
-        "| minutes per seed (training + planner evaluation) |",
-        "|---|---|---|---|---|---|",
+    columns = [
+        "dataset",
+        "dataset mean",
+        "BC",
+        f"planner ({args.planner})",
+        "training seeds",
+        "minutes per seed (training + planner evaluation)",
     ]
-    for dataset, data_score, bc, planned, seeds, minutes in rows:
-        lines.append(
-            f"| {ids[dataset]} | {data_score:.1f} | {cell(bc)} | {cell(planned)} "
-            f"| {', '.join(map(str, seeds))} | {wall(minutes)} |"
-        )
+    cells = [
+        [
+            ids[dataset],
+            f"{data_score:.1f}",
+            cell(bc),
+            cell(planned),
+            ", ".join(map(str, seeds)),
+            wall(minutes),
+        ]
+        for dataset, data_score, bc, planned, seeds, minutes in rows
+    ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
     table = "\n".join(lines)
     note = (
         "\nNormalised scores (D4RL scale), mean ± standard error over training seeds, "
@@ -225,6 +278,9 @@ def main() -> None:
     print(table + note)
     (args.out / "table.md").write_text(table + "\n" + note.strip() + "\n")
     print(f"per-seed scores: {args.out}/<dataset>/scores.json")
+    if args.record is not None:
+        write_record(args.record, columns, cells, note.strip())
+        print(f"record: {args.record} (python scripts/render_results.py writes the pages)")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -93,3 +94,14 @@ def test_the_python_api_reference_renders_every_exported_name():
         "exported names without a `::: trajectory_transformer.<name>` block in "
         "docs/reference/python-api.md: " + ", ".join(missing)
     )
+
+
+def test_every_results_table_is_written_from_its_record():
+    """A results table edited by hand, not through its record, fails."""
+    script = ROOT / "scripts" / "render_results.py"
+    checked = subprocess.run(
+        [sys.executable, str(script), "--check"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    pages = [p for p in markdown_files() if p.is_file() and "<!-- results:" in p.read_text()]
+    assert ROOT / "README.md" in pages and len(pages) > 5

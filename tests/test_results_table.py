@@ -121,3 +121,32 @@ def test_an_interrupted_training_continues_from_its_checkpoint(script, tmp_path,
     finished["finished"] = True
     script.train("pendulum-medium", 0, tmp_path, [])
     assert len(ran) == 1
+
+
+def test_the_table_is_also_written_as_a_results_record(script, tmp_path, monkeypatch):
+    """--record writes the table in scripts/render_results.py's format: the pages' tables that
+    show the record are then written from it."""
+    monkeypatch.setattr(script, "train", lambda d, s, run_dir, o: run_dir / "checkpoint.pt")
+    monkeypatch.setattr(script, "training_minutes", lambda checkpoint: 12.0)
+    monkeypatch.setattr(
+        script, "evaluate", lambda *a: {"normalized_score_mean": 90.0, "wall_seconds": 60}
+    )
+    monkeypatch.setattr(script, "dataset_score", lambda dataset: 27.2)
+    (tmp_path / "pendulum-medium-replay").mkdir(parents=True)
+    record = tmp_path / "records" / "planner-scores" / "pendulum.json"
+    argv = ["results_table.py", "--out", str(tmp_path), "--datasets", "pendulum-medium-replay:0"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--record", str(record)])
+    script.main()
+
+    written = json.loads(record.read_text())
+    assert written["rows"] == [
+        ["pendulum/medium-replay-v0", "27.2", *["90.0 (one seed)"] * 2, "0", "12 + 1"]
+    ]
+    assert written["provenance"]["commands"][0].endswith(f"--record {record}")
+    spec = importlib.util.spec_from_file_location(
+        "render_results", SCRIPT.parent / "render_results.py"
+    )
+    render_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render_results)
+    table = render_results.table("planner-scores/pendulum", records=tmp_path / "records")
+    assert table == (tmp_path / "table.md").read_text().split("\nNormalised")[0] + "\n"

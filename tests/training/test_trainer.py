@@ -8,13 +8,9 @@ import torch
 from conftest import tiny_training, tiny_training_info, tolerance
 
 from trajectory_transformer.checkpoint import build_payload, load_checkpoint, save_atomic
-from trajectory_transformer.training.trainer import (
-    Trainer,
-    TrainerConfig,
-    learning_rate,
-    loss_weights,
-    planned_steps,
-)
+from trajectory_transformer.training.loss import loss_weights
+from trajectory_transformer.training.schedule_state import learning_rate, planned_steps
+from trajectory_transformer.training.trainer import Trainer, TrainerConfig
 
 
 def test_a_short_run_lowers_the_loss(tmp_path, device):

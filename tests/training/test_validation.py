@@ -10,7 +10,8 @@ from conftest import structured_transitions, tiny_training
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import Episodes
 from trajectory_transformer.data.windows import TokenWindows
-from trajectory_transformer.training.trainer import TOKEN_KINDS, Trainer
+from trajectory_transformer.training.loss import TOKEN_KINDS
+from trajectory_transformer.training.trainer import Trainer
 
 
 def numbered_episodes(count: int = 20, length: int = 6) -> Episodes:

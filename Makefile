@@ -27,7 +27,7 @@ $(BIN)/python:
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS) | $(BIN)/python
 	$(PIP_INSTALL) "$(TORCH)"
 	$(PIP_INSTALL) -e .
-	$(BIN)/python -c "from trajectory_transformer.model import native; native.main()"
+	$(BIN)/python -c "from trajectory_transformer.model.decode import native; native.main()"
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
@@ -69,7 +69,7 @@ $(OLDEST_VENV)/.installed: pyproject.toml
 	$(OLDEST_VENV)/bin/python -m pip install --quiet uv
 	$(OLDEST_VENV)/bin/uv pip install --quiet --python $(OLDEST_VENV)/bin/python \
 		--resolution lowest-direct -e ".[test]"
-	$(OLDEST_VENV)/bin/python -c "from trajectory_transformer.model import native; native.main()"
+	$(OLDEST_VENV)/bin/python -c "from trajectory_transformer.model.decode import native; native.main()"
 	touch $@
 
 test-oldest: $(OLDEST_VENV)/.installed

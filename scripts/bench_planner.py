@@ -43,7 +43,8 @@ from bench_common import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.model.decode import native
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig, naive_plan
 
 

@@ -57,7 +57,8 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import reward_to_go
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.evaluation import evaluate, make_vector_env
-from trajectory_transformer.model import TrajectoryGPT, native
+from trajectory_transformer.model import TrajectoryGPT
+from trajectory_transformer.model.decode import native
 from trajectory_transformer.planning import BeamPlanner
 
 DEFAULT_ENV = "HalfCheetah-v5"

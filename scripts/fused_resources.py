@@ -24,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from trajectory_transformer.model import fused, fused_kernels
+from trajectory_transformer.model.decode import fused, fused_kernels
 
 INTS = {"R", "MEMBERS", "GROUPS", "P_CAP", "L_CAP", "T", "N", "C", "HID"}
 FLOATS = {"eps1", "eps2", "eps_f", "scale"}

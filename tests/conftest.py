@@ -79,7 +79,7 @@ def minari_dir(tmp_path_factory, monkeypatch):
 @pytest.fixture(scope="session")
 def native_module():
     """The compiled native CPU kernels; skips where no C++ compiler can build them."""
-    from trajectory_transformer.model import native
+    from trajectory_transformer.model.decode import native
 
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler on this machine: the native kernels cannot be built")

@@ -46,7 +46,7 @@ def test_the_wheel_carries_every_config(wheel):
     }
     assert len(expected) > 20
     assert expected <= names, sorted(expected - names)
-    assert "trajectory_transformer/model/csrc/cpu_kernels.cpp" in names
+    assert "trajectory_transformer/model/decode/csrc/cpu_kernels.cpp" in names
 
 
 def test_installed_wheel_runs_the_clis_outside_the_checkout(wheel, tmp_path, minari_dir):

@@ -15,9 +15,9 @@ from trajectory_transformer.model import (
     GPTConfig,
     TrajectoryGPT,
     gpt,
-    native,
     trajectory_attention_mask,
 )
+from trajectory_transformer.model.decode import native
 from trajectory_transformer.model.dropout import Dropout, dropout_attention
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import tiny_gpt, tolerance
 
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT, fused
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.model.decode import fused
 
 
 @pytest.mark.parametrize(

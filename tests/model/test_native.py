@@ -10,7 +10,8 @@ import torch
 from conftest import tiny_gpt
 
 from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.model import GPTConfig, TrajectoryGPT, native
+from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.model.decode import native
 from trajectory_transformer.model.gpt import trajectory_attention_mask
 from trajectory_transformer.model.kv_cache import RowLayout, shared_prefix_attention
 from trajectory_transformer.planning import BeamPlanner

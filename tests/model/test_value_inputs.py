@@ -11,7 +11,8 @@ import pytest
 import torch
 from conftest import tiny_gpt
 
-from trajectory_transformer.model import TrajectoryGPT, native
+from trajectory_transformer.model import TrajectoryGPT
+from trajectory_transformer.model.decode import native
 
 OBS, ACT, N = 3, 2, 9
 T = OBS + ACT + 2

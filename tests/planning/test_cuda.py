@@ -13,7 +13,7 @@ from conftest import cuda_only, tiny_training, tiny_training_info
 from test_beam import SMALL, assert_same_plan, run_steps, tiny_discretizer, tiny_model
 
 from trajectory_transformer.checkpoint import build_payload, save_atomic
-from trajectory_transformer.model.captured import CapturedCall
+from trajectory_transformer.model.decode.captured import CapturedCall
 from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.training.trainer import Trainer
 

@@ -27,7 +27,7 @@ import torch
 from conftest import tiny_gpt
 
 from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.model.native import native_kernels
+from trajectory_transformer.model.decode.native import native_kernels
 from trajectory_transformer.planning import BeamPlanner
 
 GOLDEN = Path(__file__).with_name("golden_plan.json")

@@ -15,7 +15,7 @@ import torch
 from test_beam import SMALL, run_steps, tiny_discretizer, tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trajectory_transformer.model.native import native_kernels
+from trajectory_transformer.model.decode.native import native_kernels
 from trajectory_transformer.planning import BeamPlanner
 
 aten = torch.ops.aten

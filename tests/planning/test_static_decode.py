@@ -9,7 +9,7 @@ import torch
 import torch._dynamo
 from test_beam import SMALL, assert_same_plan, run_steps, tiny_discretizer, tiny_model
 
-from trajectory_transformer.model.native import native_kernels
+from trajectory_transformer.model.decode.native import native_kernels
 from trajectory_transformer.planning import BeamPlanner
 
 

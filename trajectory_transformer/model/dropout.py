@@ -1,9 +1,9 @@
 """Training dropout on the CPU: the model's `Dropout` and the attention with dropout.
 
-Both draw their keep masks from the native kernel (`native.py`) when training in float32 on
-the CPU: one pass that draws and applies a mask, where torch's `bernoulli_` is a large part of
-a training step. Elsewhere (CUDA, bf16, torch.compile), or without the kernels, they draw as
-torch does.
+Both draw their keep masks from the native kernel (`decode/native.py`) when training in
+float32 on the CPU: one pass that draws and applies a mask, where torch's `bernoulli_` is a
+large part of a training step. Elsewhere (CUDA, bf16, torch.compile), or without the
+kernels, they draw as torch does.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn as nn
 
-from trajectory_transformer.model import native
+from trajectory_transformer.model.decode import native
 
 
 def _dropout_seed() -> int:

@@ -5,9 +5,10 @@ i holds dimension i % T. Tokens are raw bin indices in [0, n_bins); the model of
 per dimension itself. Three entry points share one trunk and one attention mask:
 `forward` (training, full sequence), `prefill` and `decode_step` (planning, with a KVCache or
 a SharedPrefixKVCache). On the CPU, a decode step over a SharedPrefixKVCache is one native
-call (`native.py`): at one token per row, module calls and small operators cost more than the
-matrix products. What only training needs sits beside this file: the CPU dropout
-(`dropout.py`) and activation checkpointing (`checkpointing.py`).
+call (`decode/native.py`): at one token per row, module calls and small operators cost more
+than the matrix products. The other decode paths (the fused Triton step, the CUDA graph
+capture) are in `decode/` too. What only training needs sits beside this file: the CPU
+dropout (`dropout.py`) and activation checkpointing (`checkpointing.py`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trajectory_transformer.model import native
 from trajectory_transformer.model.checkpointing import checkpointed_blocks
+from trajectory_transformer.model.decode import native
 from trajectory_transformer.model.dropout import Dropout, dropout_attention
 from trajectory_transformer.model.kv_cache import KVCache, SharedPrefixKVCache
 

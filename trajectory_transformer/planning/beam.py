@@ -41,8 +41,8 @@ from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
-from trajectory_transformer.model import fused
-from trajectory_transformer.model.captured import CapturedCall
+from trajectory_transformer.model.decode import fused
+from trajectory_transformer.model.decode.captured import CapturedCall
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig

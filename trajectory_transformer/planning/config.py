@@ -67,8 +67,8 @@ class PlannerConfig:
     """How the model computes each planned token: `eager`, operator by operator as written (on
     the CPU the native kernels where they build, else PyTorch); `compile`, the PyTorch step
     through `torch.compile` (fused kernels; tens of seconds to compile once per shape); or
-    `fused`, on CUDA, one Triton kernel per transformer block (`model/fused.py`; compiled once
-    per model shape). All plan the same, up to float rounding."""
+    `fused`, on CUDA, one Triton kernel per transformer block (`model/decode/fused.py`;
+    compiled once per model shape). All plan the same, up to float rounding."""
     cuda_graph: str = "step"
     """On CUDA, what is captured once as a CUDA graph and replayed: `none`; `step`, the decode
     step, per number of planned envs; or `search`, the whole search after the context's prefill

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trajectory_transformer.model.decode.native import prepared_weights
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
-from trajectory_transformer.model.native import prepared_weights
 
 if TYPE_CHECKING:
     from trajectory_transformer.model.gpt import TrajectoryGPT
@@ -86,7 +86,7 @@ def unavailable_reason(model: TrajectoryGPT) -> str | None:
 def _kernels():
     """The kernels' module. Triton decides when the kernels are defined whether they run on
     the GPU or through the interpreter: `TRITON_INTERPRET` as it is at the first import."""
-    from trajectory_transformer.model import fused_kernels
+    from trajectory_transformer.model.decode import fused_kernels
 
     return fused_kernels
 

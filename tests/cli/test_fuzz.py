@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+import uuid
 
 import numpy as np
 import pytest
@@ -194,7 +195,8 @@ def test_tt_train_starts_or_says_no_in_one_line(drawn, tiny_dataset, tmp_path, m
 def test_tt_eval_starts_or_says_no_in_one_line(drawn, checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(evaluate_cli, "evaluate", act_once)
     argv = [f"checkpoint={checkpoint}", "device=cpu", *FITTING_PLANNER, *drawn]
-    argv.append(f"hydra.run.dir={tmp_path}/eval")
+    # A run directory of its own: one that holds an earlier example's episodes refuses others.
+    argv.append(f"hydra.run.dir={tmp_path}/eval-{uuid.uuid4().hex}")
     run(evaluate_cli.main, argv, capsys)
 
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY_TRAINING, create_dataset
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD_LEFTOVERS = (".git", ".venv", "outputs", "multirun", "build", "*.egg-info", "__pycache__")
+BUILD_LEFTOVERS = (".git", ".venv*", "outputs", "multirun", "build", "site", "*.egg-info", "__pycache__")
 
 
 def run(*command: str | os.PathLike, cwd: Path, env: dict | None = None):

@@ -41,7 +41,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
 	$(BIN)/mkdocs build --strict --site-dir site
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 # The documentation site (mkdocs.yml, docs/) into site/, warnings as errors: a broken link or
 # anchor, or a page missing from the nav, fails. The build first writes the configuration

@@ -14,7 +14,9 @@ import pytest
 from conftest import TINY_TRAINING, create_dataset
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD_LEFTOVERS = (".git", ".venv*", "outputs", "multirun", "build", "site", "*.egg-info", "__pycache__")
+# What a wheel is not built from: version control, virtual environments, run outputs, builds.
+BUILD_LEFTOVERS = (".git", ".venv*", "outputs", "multirun", "build", "site", "*.egg-info")
+BUILD_LEFTOVERS += ("__pycache__",)
 
 
 def run(*command: str | os.PathLike, cwd: Path, env: dict | None = None):

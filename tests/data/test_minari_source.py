@@ -1,6 +1,7 @@
 from dataclasses import replace
 
 import gymnasium as gym
+import minari
 import numpy as np
 import pytest
 import torch
@@ -17,6 +18,7 @@ from trajectory_transformer.data.minari_source import (
     load_minari,
     observation_layout,
 )
+from trajectory_transformer.suites.collect import content_fingerprint
 
 
 def test_episodes_keep_terminations_and_truncations_apart(tiny_dataset):
@@ -197,4 +199,7 @@ def test_a_dataset_without_a_stored_fingerprint_gets_one_from_its_numbers():
     _, other = load_episodes(create_dataset("test/print-c-v0", seed=1).spec.dataset_id)
     assert first.fingerprint.startswith("sha256:") and len(first.fingerprint) == 7 + 16
     assert same.fingerprint == first.fingerprint != other.fingerprint
+    # Computed in the pass that loads the episodes, as a build computes it afterwards.
+    built = minari.load_dataset("test/print-a-v0").iterate_episodes()
+    assert first.fingerprint == content_fingerprint(built)
     assert DatasetInfo.from_dict(first.to_dict()) == first

@@ -19,7 +19,7 @@ import numpy as np
 
 from trajectory_transformer import suites
 from trajectory_transformer.data.episodes import Episodes
-from trajectory_transformer.suites.collect import FINGERPRINT_KEY, content_fingerprint
+from trajectory_transformer.suites.collect import FINGERPRINT_KEY, ContentFingerprint
 
 
 class DatasetError(ValueError):
@@ -175,8 +175,11 @@ def flatten_observations(space: gym.spaces.Dict, observations: dict, rows: int) 
     return np.concatenate(columns, axis=1)
 
 
-def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
-    """Concatenate every episode of a Minari dataset; terminations and truncations kept apart."""
+def episodes_from_minari(
+    dataset: minari.MinariDataset, fingerprint: ContentFingerprint | None = None
+) -> Episodes:
+    """Concatenate every episode of a Minari dataset; terminations and truncations kept apart.
+    `fingerprint`, if given, is fed every episode on the way."""
     dataset_id = dataset.spec.dataset_id
     space = dataset.observation_space
     check_spaces(dataset_id, space, dataset.action_space)
@@ -184,6 +187,8 @@ def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
     observations, finals, actions, rewards, terminated, truncated = [], [], [], [], [], []
     lengths, ids = [], []
     for episode in dataset.iterate_episodes():
+        if fingerprint is not None:
+            fingerprint.add(episode)
         n = len(episode.rewards)
         if n == 0:
             continue
@@ -223,9 +228,10 @@ def episodes_from_minari(dataset: minari.MinariDataset) -> Episodes:
 
 
 def dataset_info(
-    dataset: minari.MinariDataset, episodes: Episodes, env_id: str | None = None
+    dataset: minari.MinariDataset, episodes: Episodes, fingerprint: str, env_id: str | None = None
 ) -> DatasetInfo:
-    """Metadata of an opened dataset; `env_id` overrides its evaluation environment."""
+    """Metadata of an opened dataset and its content `fingerprint`; `env_id` overrides its
+    evaluation environment."""
     metadata = dataset.storage.metadata
     spec_json = None
     eval_env_id = env_id
@@ -248,8 +254,7 @@ def dataset_info(
         num_episodes=episodes.num_episodes,
         num_transitions=episodes.num_transitions,
         observation_layout=observation_layout(dataset.observation_space),
-        fingerprint=metadata.get(FINGERPRINT_KEY)
-        or content_fingerprint(dataset.iterate_episodes()),
+        fingerprint=fingerprint,
     )
 
 
@@ -276,5 +281,7 @@ def load_episodes(
 ) -> tuple[Episodes, DatasetInfo]:
     """Open `dataset_id` and return its episodes and metadata."""
     dataset = load_minari(dataset_id, download)
-    episodes = episodes_from_minari(dataset)
-    return episodes, dataset_info(dataset, episodes, env_id)
+    stored = dataset.storage.metadata.get(FINGERPRINT_KEY)  # an embedded build's
+    computed = None if stored else ContentFingerprint()  # others': in the pass that loads
+    episodes = episodes_from_minari(dataset, computed)
+    return episodes, dataset_info(dataset, episodes, stored or computed.value(), env_id)

@@ -379,27 +379,43 @@ FINGERPRINT_KEY = "content_fingerprint"
 """The key of a dataset's content fingerprint in its Minari metadata."""
 
 
-def content_fingerprint(episodes: Iterable) -> str:
-    """`sha256:` and 16 hex digits of a digest of every episode's observations (a Dict's
-    values in key order), actions, rewards, terminations and truncations, their dtypes and
-    shapes included: two builds of a dataset share it only if they hold the same numbers (an
-    embedded dataset built on another CPU, or with other library versions, may not)."""
-    digest = hashlib.sha256()
+class ContentFingerprint:
+    """A dataset's content fingerprint, fed one Minari episode at a time (`add`), so that a
+    pass that reads the episodes for another purpose computes it too. `value()`: `sha256:`
+    and 16 hex digits of a digest of every episode's observations (a Dict's values in key
+    order), actions, rewards, terminations and truncations, their dtypes and shapes included:
+    two builds of a dataset share it only if they hold the same numbers (an embedded dataset
+    built on another CPU, or with other library versions, may not)."""
 
-    def add(value) -> None:
+    FIELDS = ("observations", "actions", "rewards", "terminations", "truncations")
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+
+    def add(self, episode) -> None:
+        for field in self.FIELDS:
+            self._add(getattr(episode, field))
+
+    def _add(self, value) -> None:
         if isinstance(value, dict):
             for key in sorted(value):
-                digest.update(str(key).encode())
-                add(value[key])
+                self._digest.update(str(key).encode())
+                self._add(value[key])
             return
         array = np.ascontiguousarray(value)
-        digest.update(f"{array.dtype.str}{array.shape}".encode())
-        digest.update(array.tobytes())
+        self._digest.update(f"{array.dtype.str}{array.shape}".encode())
+        self._digest.update(array.tobytes())
 
+    def value(self) -> str:
+        return f"sha256:{self._digest.hexdigest()[:16]}"
+
+
+def content_fingerprint(episodes: Iterable) -> str:
+    """The `ContentFingerprint` of `episodes` (Minari's `EpisodeData`), in one pass."""
+    fingerprint = ContentFingerprint()
     for episode in episodes:
-        for field in ("observations", "actions", "rewards", "terminations", "truncations"):
-            add(getattr(episode, field))
-    return f"sha256:{digest.hexdigest()[:16]}"
+        fingerprint.add(episode)
+    return fingerprint.value()
 
 
 # ----------------------------------------------------------------------------- the builder

@@ -19,6 +19,7 @@ from trajectory_transformer.critic.model import (
 from trajectory_transformer.critic.training import (
     CriticConfig,
     CriticTrainer,
+    critic_transitions,
     expectile_loss,
     new_critic,
     transitions_of,
@@ -62,13 +63,7 @@ def train(episodes: Episodes, steps: int, seed: int = 0, **settings):
     torch.manual_seed(seed)
     cfg = CriticConfig(steps=steps, **(FAST | settings))
     critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
-    transitions = transitions_of(
-        episodes,
-        critic.reward_scale,
-        critic.reward_bias,
-        "cpu",
-        terminal_penalty=critic.terminal_penalty,
-    )
+    transitions = critic_transitions(critic, episodes, "cpu")
     trainer = CriticTrainer(
         critic, policy, transitions, cfg, save=lambda state: None, seed=seed, progress=False
     )
@@ -183,13 +178,7 @@ def test_a_resumed_critic_continues_exactly_where_it_was_saved(tmp_path, tiny_da
     def fresh():
         torch.manual_seed(0)
         critic, policy = new_critic(episodes, cfg, info.action_low, info.action_high)
-        transitions = transitions_of(
-            episodes,
-            critic.reward_scale,
-            critic.reward_bias,
-            "cpu",
-            terminal_penalty=critic.terminal_penalty,
-        )
+        transitions = critic_transitions(critic, episodes, "cpu")
         path = tmp_path / "critic.pt"
 
         def save(state):
@@ -316,13 +305,7 @@ def test_a_non_finite_step_stops_the_critic_before_it_reaches_the_weights() -> N
     episodes = chain_episodes(4)
     cfg = CriticConfig(steps=5, **FAST)
     critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
-    transitions = transitions_of(
-        episodes,
-        critic.reward_scale,
-        critic.reward_bias,
-        "cpu",
-        terminal_penalty=critic.terminal_penalty,
-    )
+    transitions = critic_transitions(critic, episodes, "cpu")
     transitions.rewards[:] = float("inf")  # past the loader's check, as a bug upstream would
     trainer = CriticTrainer(critic, policy, transitions, cfg, save=lambda state: None)
     before = [p.detach().clone() for p in [*critic.parameters(), *policy.parameters()]]

@@ -29,7 +29,7 @@ from trajectory_transformer.critic.model import (
     critic_from_payload,
     read_critic_payload,
 )
-from trajectory_transformer.critic.training import CriticTrainer, new_critic, transitions_of
+from trajectory_transformer.critic.training import CriticTrainer, critic_transitions, new_critic
 from trajectory_transformer.data.minari_source import load_episodes
 
 CHECKPOINT = "critic.pt"
@@ -65,13 +65,7 @@ def train_critic(cfg: TrainCriticConfig) -> Path:
     else:
         critic, policy = new_critic(episodes, cfg.critic, info.action_low, info.action_high)
     critic, policy = critic.to(device), policy.to(device)
-    transitions = transitions_of(
-        episodes,
-        critic.reward_scale,
-        critic.reward_bias,
-        device,
-        terminal_penalty=critic.terminal_penalty,
-    )
+    transitions = critic_transitions(critic, episodes, device)
     checkpoint = run_dir / CHECKPOINT
 
     def save(training_state: dict) -> Path:

@@ -179,6 +179,20 @@ def transitions_of(
     )
 
 
+def critic_transitions(
+    critic: IQLCritic, episodes: Episodes, device: torch.device | str
+) -> Transitions:
+    """The transitions `critic` trains on: rewards with its terminal penalty, scaled as it
+    records (`transitions_of` with the critic's own settings)."""
+    return transitions_of(
+        episodes,
+        critic.reward_scale,
+        critic.reward_bias,
+        device,
+        terminal_penalty=critic.terminal_penalty,
+    )
+
+
 def expectile_loss(difference: torch.Tensor, expectile: float) -> torch.Tensor:
     """Mean of `|expectile - 1(u < 0)| u^2` over `difference` u = target - prediction."""
     weight = torch.where(difference < 0, 1.0 - expectile, expectile)

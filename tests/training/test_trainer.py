@@ -13,8 +13,8 @@ from trajectory_transformer.training.schedule_state import learning_rate, planne
 from trajectory_transformer.training.trainer import Trainer, TrainerConfig
 
 
-def test_a_short_run_lowers_the_loss(tmp_path, device):
-    model, windows, _, cfg = tiny_training(device=device)
+def losses_of_80_steps(model, windows, cfg, tmp_path) -> list[float]:
+    """Train for 80 steps, returning the logged training losses."""
     losses = []
     trainer = Trainer(
         model,
@@ -25,6 +25,12 @@ def test_a_short_run_lowers_the_loss(tmp_path, device):
         progress=False,
     )
     trainer.train()
+    return losses
+
+
+def test_a_short_run_lowers_the_loss(tmp_path, device):
+    model, windows, _, cfg = tiny_training(device=device)
+    losses = losses_of_80_steps(model, windows, cfg, tmp_path)
     assert losses[-1] < 0.6 * losses[0]
 
 
@@ -38,16 +44,7 @@ def test_a_model_with_value_inputs_learns_from_the_windows_real_values(tmp_path)
         return forward(tokens, values)
 
     model.forward = recording_forward
-    losses = []
-    trainer = Trainer(
-        model,
-        windows,
-        replace(cfg, max_steps=80),
-        lambda s: tmp_path / "x",
-        log=lambda m, step: losses.append(m["train/loss"]),
-        progress=False,
-    )
-    trainer.train()
+    losses = losses_of_80_steps(model, windows, cfg, tmp_path)
     assert losses[-1] < 0.6 * losses[0]
     # Every step saw the values beside its tokens: the windows' own, as inputs.
     assert len(given) == 80 and all(v is not None for v in given)

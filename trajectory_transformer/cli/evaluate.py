@@ -37,11 +37,10 @@ def run(cfg: EvaluateConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
-    if cfg.planner.agent != "iql":  # a run directory: the model it handed over
-        cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))
     if cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
+        cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))  # a run dir: its model.pt
         planner = beam_planner(cfg, device, envs)
     info = planner.dataset
     # Settled before any env starts, so that a request that cannot be honoured fails first.

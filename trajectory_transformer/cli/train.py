@@ -251,7 +251,7 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         )
     transitions = joint_transitions(episodes, cfg.dataset.discount, cfg.dataset.terminal_penalty)
 
-    resume = None
+    resume, resume_file = None, None
     if cfg.resume:
         resume_file = checkpoint_file(cfg.resume, to_resume=True)
         resume = read_payload(resume_file)
@@ -344,7 +344,7 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
     if dist.is_main:
         # The loss curve up to where the run goes on from (for an extended WSD run, the step
         # its cooldown began), read from the folder of the checkpoint it resumes.
-        metrics_log = MetricsLog(run_dir, resume and resume_file, trainer.step)
+        metrics_log = MetricsLog(run_dir, resume_file, trainer.step)
         wandb_log, wandb_run = make_wandb_logger(cfg, config, run_dir)
         loggers = [metrics_log] + ([wandb_log] if wandb_log is not None else [])
     length = f"{trainer.total_steps} steps planned ({trainer.epochs} epochs of "

@@ -125,7 +125,7 @@ class ScheduleState:
                 self.cooldown = replace(self.cooldown, end=max(fit, self.step))
         if self.cfg.schedule == "wsd" and self.cooldown is None:
             last = self.last_step()
-            level = self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
+            level = self._rate_level()
             cooldown = cooldown_due(self.step, self.cfg.cooldown_fraction, last, level)
             if cooldown is not None:
                 self._keep_state_before_cooldown()
@@ -136,12 +136,16 @@ class ScheduleState:
                     else f"the run neared its {self.total_steps} planned steps"
                 )
 
+    def _rate_level(self) -> float:
+        """This step's learning rate as a fraction of the peak: where a cooldown starts from
+        (below 1 while the warm-up lasts)."""
+        return self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
+
     def _start_cooldown(self, reason: str) -> None:
         """WSD: cool down from now over `cooldown_fraction` of the steps so far."""
-        level = self.learning_rate() / self.cfg.learning_rate if self.cfg.learning_rate else 1.0
         self._keep_state_before_cooldown()
         self.cooldown = cooldown_from(
-            self.step, self.cfg.cooldown_fraction, self.last_step(), level
+            self.step, self.cfg.cooldown_fraction, self.last_step(), self._rate_level()
         )
         self._cooldown_reason = reason
 

@@ -183,8 +183,6 @@ class ResumableState:
                 "the checkpoint's cooldown has begun and it keeps no state from before it, so "
                 "the run cannot be extended; resume with the same trainer settings."
             )
-        with torch.no_grad():
-            for name, tensor in self.model.state_dict().items():
-                tensor.copy_(before["model"][name])
+        self.model.load_state_dict(before["model"])
         self.extended_from = before["step"]
         return before

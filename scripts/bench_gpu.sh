@@ -11,7 +11,7 @@
 # Each step has a time limit, writes its log to OUTDIR and prints its tail, so a run that is
 # cut short still leaves every step that finished.
 #     PYTHON=.venv/bin/python scripts/bench_gpu.sh OUTDIR [--deselect TEST ...]
-# STEPS="tests-cuda rollout-25x1000" runs only the steps named.
+# STEPS="tests-cuda rollout-25x1000" runs only the steps named; DECODES, the paths step 2 compares.
 set -u
 out=${1:?usage: scripts/bench_gpu.sh OUTDIR [pytest arguments for the whole suite]}
 shift
@@ -46,7 +46,7 @@ step tests-cuda 150 "${tests[@]}" -q -p no:cacheprovider "${workers[@]}" -k "cud
     tests/model/test_fused.py
 step decode-25-envs 180 "$python" scripts/bench_planner.py --device cuda \
     --envs 25 --reps 20 --warmup 3 --greedy \
-    --compare-decodes eager/search,compile/search,fused/none,fused/step,fused/search
+    --compare-decodes "${DECODES:-eager/search,compile/search,fused/none,fused/step,fused/search}"
 step rollout-25x1000 150 "$python" scripts/bench_rollout.py --device cuda --envs 25 --steps 1000 \
     --decode fused --cuda-graph search
 # -v names each test as it ends, so a run cut short still says what failed.

@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
-from trajectory_transformer.model.decode import native
+from trajectory_transformer.model.decode import fused, native
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig, naive_plan
 
 
@@ -89,7 +89,8 @@ def parse_args() -> argparse.Namespace:
         default=None,
         help="alternate plan calls of these decode paths (planner.decode/planner.cuda_graph) "
         "in this process, e.g. eager/none,eager/step,compile/search,eager/step+bf16 (+bf16: "
-        "under bfloat16 autocast; +tf32: float32 matrix products in TF32 on CUDA); with "
+        "under bfloat16 autocast; +tf32: float32 matrix products in TF32 on CUDA; +mlp32: the "
+        "fused step's MLP kernel over tiles of 32 rows with eight warps); with "
         "--greedy, also whether each plans what the first does",
     )
     return parser.parse_args()
@@ -381,15 +382,18 @@ def compare_decodes(
     same model and contexts; with --greedy, compare each one's best plans with the first's."""
     device = observations.device
     variants = [name.strip() for name in args.compare_decodes.split(",") if name.strip()]
-    planners, precisions = {}, {}
+    planners, precisions, mlp_tiles = {}, {}, {}
     for name in variants:
-        path, _, precision = name.partition("+")
-        if precision not in ("", "bf16", "tf32"):
-            raise SystemExit(f"{name}: the precision after + is bf16 or tf32, not {precision!r}")
+        path, *options = name.split("+")
+        precision = next((o for o in options if o in ("bf16", "tf32")), "")
+        if unknown := set(options) - {"bf16", "tf32", "mlp32"}:
+            raise SystemExit(f"{name}: after + come bf16, tf32 or mlp32, not {sorted(unknown)}")
         decode, _, cuda_graph = path.partition("/")
         settings = search_settings(args) | {"decode": decode, "cuda_graph": cuda_graph or "none"}
         planners[name] = planner_with_history(model, discretizer, settings, history)
         precisions[name] = planning_precision(precision, device)
+        # Read by the fused step at each call (and kept by a CUDA graph captured in it).
+        mlp_tiles[name] = (32, 8) if "mlp32" in options else (fused.MLP_ROWS, fused.MLP_WARPS)
 
     def timed(name: str):
         planner = planners[name]
@@ -398,6 +402,7 @@ def compare_decodes(
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
+        fused.MLP_ROWS, fused.MLP_WARPS = mlp_tiles[name]
         with precisions[name]:
             plan = planner.plan(observations)
         if device.type == "cuda":

@@ -11,22 +11,25 @@ from trajectory_transformer.model.decode import fused
 
 
 @pytest.mark.parametrize(
-    "width, groups, members, keys, mlp_columns, value_inputs",
+    "width, groups, members, keys, mlp_columns, mlp_rows, value_inputs",
     [
-        (16, 3, 5, 16, 128, False),  # two heads of 8 (padded to 16); rows mix prefixes in a tile
-        (32, 2, 16, 16, 128, False),  # two heads of 16; each tile of rows continues one prefix
+        # Two heads of 8 (padded to 16); rows mix prefixes in a tile.
+        (16, 3, 5, 16, 128, 16, False),
+        (32, 2, 16, 16, 128, 16, False),  # two heads of 16; each tile of rows continues one prefix
         # Own positions in several tiles of keys split over the programs; the MLP's hidden
         # columns over two programs, their partial outputs summed by the next kernel.
-        (16, 3, 5, 2, 32, False),
+        (16, 3, 5, 2, 32, 16, False),
         # Each token's embedding carries what it decodes to (the model's embedding table).
-        (16, 3, 5, 16, 128, True),
+        (16, 3, 5, 16, 128, 16, True),
+        (16, 3, 5, 16, 128, 32, False),  # the MLP over tiles of 32 rows, the others of 16
     ],
 )
 def test_the_fused_step_writes_and_returns_what_the_pytorch_step_does(
-    fused_device, width, groups, members, keys, mlp_columns, value_inputs, monkeypatch
+    fused_device, width, groups, members, keys, mlp_columns, mlp_rows, value_inputs, monkeypatch
 ):
     monkeypatch.setattr(fused, "KEYS", keys)
     monkeypatch.setattr(fused, "MLP_COLUMNS", mlp_columns)
+    monkeypatch.setattr(fused, "MLP_ROWS", mlp_rows)
     model = tiny_gpt(
         n_bins=20, sequence_transitions=4, embedding_dim=width, value_inputs=value_inputs
     ).to(fused_device)

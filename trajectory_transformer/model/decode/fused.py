@@ -57,6 +57,11 @@ PARTS = 3
 positions in two runs; the MLP kernel joins their softmaxes."""
 MLP_COLUMNS = 128
 """The MLP's hidden columns per program; the programs' partial outputs are summed after."""
+MLP_ROWS = 16
+"""Rows per program of the MLP kernel. Each program reads its whole share of the weights
+(the projection and 128 hidden columns) once per tile, so larger tiles read them less often."""
+MLP_WARPS = 4
+"""Warps per program of the MLP kernel (ptxas spills its registers at 32 rows and four warps)."""
 
 
 def interpreted() -> bool:
@@ -136,7 +141,7 @@ def decoder(
         parts = new(PARTS, rows, C)
         maxima, sums = new(PARTS, rows, NH), new(PARTS, rows, NH)
         logits = new(rows, N)
-        tiles = -(-rows // ROWS)
+        tiles, mlp_tiles = -(-rows // ROWS), -(-rows // MLP_ROWS)
         # A tile of rows continues one prefix when the prefix's members fill whole tiles.
         shared = layout.members % ROWS == 0
         previous_out_bias = weights.layers[0][-1]  # unused by the first block
@@ -205,7 +210,7 @@ def decoder(
                 SHARED_PREFIX=shared,
                 **launch,
             )
-            kernels.mlp_kernel[(tiles, splits)](
+            kernels.mlp_kernel[(mlp_tiles, splits)](
                 entering,
                 after_attention,
                 partial,
@@ -227,11 +232,11 @@ def decoder(
                 HS=HS,
                 CP=CP,
                 HSP=HSP,
-                BR=ROWS,
+                BR=MLP_ROWS,
                 HB=HIDDEN,
                 SPLIT_COLS=MLP_COLUMNS,
                 PARTS=PARTS,
-                **launch,
+                **({} if interpreted() else {"num_warps": MLP_WARPS}),
             )
             previous_out_bias = b_out
         kernels.head_kernel[(tiles, -(-N // HIDDEN))](

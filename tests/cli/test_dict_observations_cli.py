@@ -60,10 +60,12 @@ def test_a_dict_dataset_trains_and_plans_end_to_end(tmp_path):
         "trajectory_transformer.cli.train",
         *TINY_TRAINING,
         "dataset.id=test/dict-maze-v0",
+        "dataset.relabel_goals=0.5",  # hindsight goals, rewarded by the maze's compute_reward
         "trainer.max_steps=4",
         f"hydra.run.dir={run}",
     )
     assert trained.returncode == 0, trained.stderr
+    assert "50% of the training windows relabelled" in trained.stdout
     payload = torch.load(run / "checkpoint.pt", weights_only=True)
     assert payload["dataset"]["observation_dim"] == 8
     assert [key for key, _ in payload["dataset"]["observation_layout"]] == [

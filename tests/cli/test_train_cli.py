@@ -123,6 +123,14 @@ def test_unknown_dataset_is_one_clear_message(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_relabelling_goals_of_a_dataset_without_goals_is_one_clear_message(tmp_path):
+    create_dataset("test/tiny-v0")
+    result = tt_train("dataset.relabel_goals=0.5", run_dir=tmp_path, check=False)
+    assert result.returncode == 2
+    assert "achieved_goal" in result.stderr and "dataset.relabel_goals=0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def train_until_ctrl_c(*overrides: str, run_dir) -> tuple[str, str]:
     """Start tt-train, press Ctrl-C once it has trained for a moment; (stdout, stderr)."""
     command = [sys.executable, "-m", "trajectory_transformer.cli.train", *TINY, *overrides]

@@ -76,6 +76,11 @@ class DatasetConfig:
     validation_seed: int = 0
     """Seed of the held-out episodes' choice, the same whatever the training seed; recorded in
     the checkpoint."""
+    relabel_goals: float = 0.0
+    """Probability that a training window is conditioned on a goal its own episode reaches later
+    instead of the dataset's (hindsight relabelling, `data.goals`), with the rewards and values
+    recomputed for it; goal-conditioned datasets only (Dict observations with `achieved_goal`
+    and `desired_goal`, an env with `compute_reward`). 0: the dataset's own goals."""
 
     def __post_init__(self) -> None:
         check = functools.partial(require, "dataset", self)
@@ -90,6 +95,7 @@ class DatasetConfig:
             "in (0, 1), or null for the default",
         )
         check("validation_seed", lambda x: x >= 0, "at least 0")
+        check("relabel_goals", lambda x: finite(x) and 0 <= x <= 1, "in [0, 1]")
 
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is

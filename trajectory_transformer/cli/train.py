@@ -41,8 +41,9 @@ from trajectory_transformer.cli.common import (
 from trajectory_transformer.cli.resources import check_planning_fits, check_training_fits
 from trajectory_transformer.cli.schemas import TrainConfig
 from trajectory_transformer.data.discretizer import Discretizer
-from trajectory_transformer.data.episodes import joint_transitions
-from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.data.episodes import Episodes, joint_transitions
+from trajectory_transformer.data.goals import GoalLayout, GoalRelabelledWindows, env_goal_reward
+from trajectory_transformer.data.minari_source import DatasetInfo, load_episodes
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.diagnostics import dimension_names
 from trajectory_transformer.evaluation import check_env_matches, evaluate, make_vector_env
@@ -210,6 +211,31 @@ def planner_evaluation(
     return play, env
 
 
+def relabelled_windows(
+    cfg: TrainConfig,
+    windows: TokenWindows,
+    episodes: Episodes,
+    discretizer: Discretizer,
+    info: DatasetInfo,
+) -> GoalRelabelledWindows:
+    """The training windows with hindsight goals (`dataset.relabel_goals`), their rewards
+    from the dataset's evaluation env; a dataset that is not goal-conditioned is refused."""
+    try:
+        goals = GoalLayout.of(info.observation_layout)
+        reward = env_goal_reward(info.make_env())
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return GoalRelabelledWindows(
+        windows,
+        episodes,
+        discretizer,
+        goals,
+        reward,
+        cfg.dataset.discount,
+        cfg.dataset.relabel_goals,
+    )
+
+
 def train(cfg: TrainConfig) -> Path | None:
     dist = Distributed.single()
     if launched_by_torchrun():
@@ -288,6 +314,12 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         check_compatible(resume, model_config, info, config["dataset"], split)
     sequence, real_values = model_config.sequence_transitions, model_config.value_inputs
     windows = TokenWindows(transitions, episodes.lengths, discretizer, sequence, real_values)
+    if cfg.dataset.relabel_goals > 0:
+        windows = relabelled_windows(cfg, windows, episodes, discretizer, info)
+        say(
+            f"goals: {cfg.dataset.relabel_goals:.0%} of the training windows relabelled with a "
+            "goal their episode reaches later (dataset.relabel_goals)"
+        )
     validation = None
     if held_out is not None:
         held_out_transitions = joint_transitions(

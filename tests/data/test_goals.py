@@ -1,0 +1,158 @@
+"""Hindsight goals: relabelled windows against rewards and values worked out by hand, and on a
+real maze dataset against its own targets."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.episodes import Episodes, joint_transitions
+from trajectory_transformer.data.goals import (
+    GoalLayout,
+    GoalRelabelledWindows,
+    env_goal_reward,
+    relabel,
+)
+from trajectory_transformer.data.windows import TokenWindows
+
+LAYOUT = (("achieved_goal", (1,)), ("desired_goal", (1,)), ("observation", (1,)))
+GOALS = GoalLayout.of(LAYOUT)
+
+
+def within_half(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
+    """A sparse goal reward: 1 within 0.5 of the goal."""
+    return (np.abs(achieved - desired)[..., 0] <= 0.5).astype(np.float64)
+
+
+def line_episode(positions: list[float], goal: float) -> Episodes:
+    """One episode of a point at `positions` (the last is where it ends up) pursuing `goal`,
+    rewarded as `within_half`, observations `achieved | desired | 10 * step`."""
+    n = len(positions) - 1
+    observations = np.array([[p, goal, 10.0 * i] for i, p in enumerate(positions)], np.float32)
+    rewards = within_half(observations[1:, :1], np.full((n, 1), goal)).astype(np.float32)
+    return Episodes(
+        observations=observations[:n],
+        actions=np.arange(n, dtype=np.float32)[:, None],
+        rewards=rewards,
+        terminated=np.zeros(n, bool),
+        truncated=np.eye(n, dtype=bool)[-1],
+        lengths=np.array([n]),
+        final_observations=observations[n:],
+    )
+
+
+def test_a_relabelled_window_ends_at_its_goal_with_the_rewards_and_values_for_it():
+    episode = line_episode([0, 1, 2, 3, 4, 5, 6], goal=6.0)
+    gamma = 0.9
+    # From step 1, the goal reached after step 3 (position 4): steps 1, 2, 3, then the end.
+    transitions, valid = relabel(
+        episode, GOALS, within_half, gamma, np.array([1]), np.array([[4.0]]), np.array([3]), 4
+    )
+    assert valid.tolist() == [[True, True, True, False]]
+    np.testing.assert_array_equal(transitions[0, :3, 1], [4.0, 4.0, 4.0])  # the new goal
+    np.testing.assert_array_equal(transitions[0, :3, 0], [1.0, 2.0, 3.0])  # positions kept
+    np.testing.assert_array_equal(transitions[0, :3, 3], [1.0, 2.0, 3.0])  # actions kept
+    np.testing.assert_array_equal(transitions[0, :3, 4], [0.0, 0.0, 1.0])  # rewards
+    np.testing.assert_allclose(transitions[0, :3, 5], [gamma, 1.0, 0.0])  # reward-to-go
+    np.testing.assert_array_equal(transitions[0, 3], 0.0)  # past the end: padding
+
+
+def test_the_relabelled_episode_ends_at_the_first_step_that_reaches_its_goal():
+    # The point passes 2 after step 1, comes back and reaches 2 again after step 5.
+    episode = line_episode([0, 1, 2, 3, 4, 3, 2], goal=2.0)
+    transitions, valid = relabel(
+        episode, GOALS, within_half, 0.5, np.array([0]), np.array([[2.0]]), np.array([5]), 6
+    )
+    assert valid.tolist() == [[True, True, False, False, False, False]]
+    np.testing.assert_array_equal(transitions[0, :2, 4], [0.0, 1.0])
+    np.testing.assert_array_equal(transitions[0, :2, 5], [1.0, 0.0])
+
+
+def test_relabelling_an_episode_with_its_own_goal_gives_back_its_targets():
+    episode = line_episode([0.0, 0.7, 1.6, 2.2, 3.1, 3.9], goal=4.0)
+    expected = joint_transitions(episode, 0.95, -100.0)
+    n = episode.num_transitions
+    for start in range(n):
+        transitions, valid = relabel(
+            episode,
+            GOALS,
+            within_half,
+            0.95,
+            np.array([start]),
+            np.array([[4.0]]),
+            np.array([n - 1]),
+            n - start,
+        )
+        assert valid.all()
+        np.testing.assert_allclose(transitions[0], expected[start:], rtol=1e-6)
+
+
+def test_a_dataset_without_goals_is_refused_with_the_setting_that_trains_without_them():
+    with pytest.raises(ValueError, match=r"dataset\.relabel_goals=0"):
+        GoalLayout.of(None)
+    with pytest.raises(ValueError, match="desired_goal"):
+        GoalLayout.of((("achieved_goal", (2,)), ("observation", (4,))))
+    with pytest.raises(ValueError, match=r"dataset\.relabel_goals=0"):
+        env_goal_reward(gym.make("Pendulum-v1"))
+
+
+def test_relabelled_batches_hold_the_relabelled_windows_tokens_and_masks():
+    episodes = line_episode([float(p) for p in range(12)], goal=11.0)
+    transitions = joint_transitions(episodes, 0.9, -100.0)
+    discretizer = Discretizer.fit(transitions, 16)
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, 3, real_values=True)
+    ids = torch.arange(len(windows))
+    never = GoalRelabelledWindows(windows, episodes, discretizer, GOALS, within_half, 0.9, 0.0)
+    for got, want in zip(never.batch(ids), windows.batch(ids), strict=True):
+        torch.testing.assert_close(got, want)
+
+    always = GoalRelabelledWindows(windows, episodes, discretizer, GOALS, within_half, 0.9, 1.0)
+    torch.manual_seed(0)
+    tokens, mask, values = always.batch(ids)
+    # Each window's goal is a position its episode reaches at or after its start, and its
+    # tokens are the relabelled transitions', encoded.
+    T = windows.transition_dim
+    rows = values.reshape(len(ids), 3, T)
+    goals = rows[:, 0, 1]
+    assert (goals >= ids.float() + 1).all() and (goals <= 11).all()
+    assert not (goals == 11.0).all()  # not the dataset's own goal every time
+    for window in range(len(ids)):
+        goal_step = int(goals[window]) - 1
+        want, valid = relabel(
+            episodes,
+            GOALS,
+            within_half,
+            0.9,
+            np.array([window]),
+            np.array([[goals[window].item()]]),
+            np.array([goal_step]),
+            3,
+        )
+        torch.testing.assert_close(rows[window], torch.as_tensor(want[0]))
+        assert mask[window].tolist() == np.repeat(valid[0], T).tolist()
+        encoded = discretizer.encode(torch.as_tensor(want[0]))
+        assert tokens[window].tolist() == encoded.flatten().tolist()
+
+
+def test_on_a_maze_dataset_relabelling_with_its_own_goals_gives_back_its_targets(tmp_path):
+    """The maze's own reward (gymnasium-robotics' compute_reward) and its episodes, each cut at
+    its goal: relabelled with that goal, every window gets the dataset's rewards and values."""
+    from trajectory_transformer.data.minari_source import load_episodes
+    from trajectory_transformer.suites import pointmaze
+
+    pointmaze.SUITES[0].build("pointmaze/umaze-v0", episodes=3, reference_episodes=2)
+    episodes, info = load_episodes("pointmaze/umaze-v0")
+    goals = GoalLayout.of(info.observation_layout)
+    reward = env_goal_reward(info.make_env())
+    expected = joint_transitions(episodes, 0.99, -100.0)
+    for start, length in zip(episodes.starts, episodes.lengths, strict=True):
+        last = start + length - 1
+        goal = episodes.observations[last, goals.desired][None, :]
+        transitions, valid = relabel(
+            episodes, goals, reward, 0.99, np.array([start]), goal, np.array([last]), length
+        )
+        assert valid.all()
+        np.testing.assert_allclose(transitions[0], expected[start : last + 1], rtol=1e-5)

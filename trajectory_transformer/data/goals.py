@@ -1,0 +1,233 @@
+"""Hindsight goals: training windows conditioned on a goal that their own episode reaches.
+
+A goal-conditioned dataset (Dict observations with `achieved_goal` and `desired_goal`, as
+gymnasium-robotics' and Minari's goal datasets store them) shows each episode pursuing one goal.
+Any state an episode passes through is also a goal that the same steps reached, so a window
+may be relabelled with one (HER's "future" strategy, Andrychowicz et al., 2017):
+
+* **The goal.** For a window starting at step t, a step j is drawn uniformly among t .. the
+  episode's last step, and the goal is the achieved goal after step j.
+* **The relabelled episode** is what the data would have been had that been its goal: the
+  window's observations carry it in their `desired_goal` dimensions; the reward of every step
+  is the environment's own reward for the achieved goal after it and the new goal
+  (`compute_reward`, gymnasium-robotics' goal-env API); and the episode ends, by truncation, at
+  the first step that reaches the goal (whose reward is the reward at the goal itself), as a
+  goal-reaching dataset's episodes end. The window's steps after that end are masked out, as
+  the padding after any episode; the value tokens are the discounted reward-to-go up to it.
+  Relabelling an episode with its own goal, where it ends at its goal, gives back its own
+  rewards and values.
+* Actions are kept: the path to an intermediate goal is the first part of a path that the
+  behaviour took to a later one.
+
+`GoalRelabelledWindows` relabels each window of a batch with probability `probability`, drawn
+from torch's global generator (saved and restored with a run's state), and leaves the others
+as `TokenWindows` has them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.data.windows import TokenWindows
+
+GoalReward = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""`reward(achieved (..., G), desired (..., G)) -> (...)`: the environment's reward of reaching
+`achieved` when the goal is `desired` (gymnasium-robotics' `compute_reward` without its info)."""
+
+
+@dataclass(frozen=True)
+class GoalLayout:
+    """Where the goals sit in a flattened observation: the columns of `achieved_goal` and of
+    `desired_goal`."""
+
+    achieved: slice
+    desired: slice
+
+    @classmethod
+    def of(cls, layout: tuple[tuple[str, tuple[int, ...]], ...] | None) -> GoalLayout:
+        """From a Dict observation's keys and shapes in flattening order
+        (`minari_source.observation_layout`); refuses observations without both goal keys."""
+        keys = [key for key, _ in layout or ()]
+        if "achieved_goal" not in keys or "desired_goal" not in keys:
+            found = "a flat Box" if layout is None else f"the keys {keys}"
+            raise ValueError(
+                "relabelling goals needs Dict observations with `achieved_goal` and "
+                f"`desired_goal` keys (a goal-conditioned dataset), and this dataset has {found}; "
+                "set dataset.relabel_goals=0 to train on its own rewards."
+            )
+        columns, start = {}, 0
+        for key, shape in layout:
+            size = int(np.prod(shape))
+            columns[key] = slice(start, start + size)
+            start += size
+        achieved, desired = columns["achieved_goal"], columns["desired_goal"]
+        if achieved.stop - achieved.start != desired.stop - desired.start:
+            raise ValueError(
+                f"achieved_goal has {achieved.stop - achieved.start} values and desired_goal "
+                f"{desired.stop - desired.start}: a goal is compared with what was achieved, "
+                "so they must have the same size"
+            )
+        return cls(achieved, desired)
+
+
+def env_goal_reward(env) -> GoalReward:
+    """The reward function of a goal-conditioned env (`env.unwrapped.compute_reward`), refused
+    with a clear message where the env has none."""
+    compute = getattr(env.unwrapped, "compute_reward", None)
+    if compute is None:
+        raise ValueError(
+            f"{env.spec.id if env.spec else env} has no compute_reward(achieved_goal, "
+            "desired_goal, info), so the rewards of a relabelled goal cannot be recomputed; set "
+            "dataset.relabel_goals=0."
+        )
+
+    def reward(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
+        return np.asarray(compute(achieved, desired, {}), dtype=np.float64)
+
+    return reward
+
+
+def relabel(
+    episodes: Episodes,
+    goals: GoalLayout,
+    reward: GoalReward,
+    discount: float,
+    starts: np.ndarray,
+    goal: np.ndarray,
+    goal_steps: np.ndarray,
+    length: int,
+    next_achieved: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of `length` transitions starting at rows `starts` (B,) of `episodes`,
+    relabelled with goals `goal` (B, G) that are reached at the latest at rows `goal_steps`
+    (B,), in the same episode at or after the start (the step whose achieved goal it is).
+    Returns their joint transitions (B, length, O + A + 2) `obs | act | reward | value` as
+    float32, and which of their steps are in the relabelled episode (B, length).
+    `next_achieved` (N, G), the achieved goal after every step, is computed if not given."""
+    if next_achieved is None:
+        next_achieved = episodes.next_observations()[:, goals.achieved]
+    episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
+    last = (episodes.starts + episodes.lengths - 1)[episode_of[starts]]  # (B,)
+    if np.any(goal_steps < starts) or np.any(goal_steps > last):
+        raise ValueError("each goal step must lie in its window's episode, at or after its start")
+    at_goal = reward(goal, goal)  # (B,) the reward of reaching the goal
+    # Every step from the start to the goal's step (later columns repeat it): the relabelled
+    # episode ends at the first that reaches the goal, at the latest the goal's own step.
+    span = int((goal_steps - starts).max()) + 1
+    rows = np.minimum(starts[:, None] + np.arange(span), goal_steps[:, None])  # (B, span)
+    rewards = reward(next_achieved[rows], goal[:, None, :])  # (B, span)
+    reached = (rewards >= at_goal[:, None]) | (rows == goal_steps[:, None])
+    end = np.argmax(reached, axis=1)  # (B,) the first reaching step, from the start
+    rewards = np.where(np.arange(span)[None, :] <= end[:, None], rewards, 0.0)
+    # V_k = sum_{m>k, m<=end} discount^(m-k-1) r_m: a backward recursion over the span.
+    values = np.zeros_like(rewards)
+    following = np.zeros(len(starts))
+    for k in range(span - 1, -1, -1):
+        values[:, k] = following
+        following = rewards[:, k] + discount * following
+    steps = np.arange(length)
+    valid = steps[None, :] <= end[:, None]  # (B, length) steps of the relabelled episode
+    window_rows = np.minimum(starts[:, None] + steps, goal_steps[:, None])
+    observations = episodes.observations[window_rows]
+    observations[..., goals.desired] = goal[:, None, :]
+    columns = np.minimum(steps, span - 1)  # steps past the span are past the end
+    transitions = np.concatenate(
+        [
+            observations,
+            episodes.actions[window_rows],
+            rewards[:, columns, None],
+            values[:, columns, None],
+        ],
+        axis=-1,
+    )
+    return np.where(valid[..., None], transitions, 0.0).astype(np.float32), valid
+
+
+class GoalRelabelledWindows:
+    """`TokenWindows` whose batches relabel each window's goal with probability `probability`
+    (see the module docstring); the same windows, lengths and device."""
+
+    def __init__(
+        self,
+        windows: TokenWindows,
+        episodes: Episodes,
+        discretizer: Discretizer,
+        goals: GoalLayout,
+        reward: GoalReward,
+        discount: float,
+        probability: float,
+    ) -> None:
+        if not 0.0 <= probability <= 1.0:
+            raise ValueError(f"the relabelling probability must be in [0, 1], got {probability}")
+        if windows.sequence_transitions < 1:
+            raise ValueError("windows of at least one transition")
+        self.windows = windows
+        self.episodes = episodes
+        self.discretizer = discretizer
+        self.goals = goals
+        self.reward = reward
+        self.discount = discount
+        self.probability = probability
+        # Window i starts at transition `window_start[i]` of the episodes (TokenWindows keeps
+        # one window per transition, in order); the last transition of its episode:
+        episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
+        self._last = (episodes.starts + episodes.lengths - 1)[episode_of]  # (N,)
+        self._next_achieved = episodes.next_observations()[:, goals.achieved]  # (N, G)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getattr__(self, name: str):  # sequence_transitions, transition_dim, device, nbytes
+        if name == "windows":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self.windows, name)
+
+    def to(self, device: torch.device | str) -> GoalRelabelledWindows:
+        moved = object.__new__(GoalRelabelledWindows)
+        moved.__dict__.update(self.__dict__)
+        moved.windows = self.windows.to(device)
+        return moved
+
+    def batch(
+        self, window_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """As `TokenWindows.batch`, each window relabelled with probability `probability`."""
+        tokens, mask, values = self.windows.batch(window_ids)
+        draws = torch.rand(len(window_ids), 2)  # torch's global generator: a run's saved state
+        chosen = (draws[:, 0] < self.probability).nonzero().flatten()
+        if len(chosen) == 0:
+            return tokens, mask, values
+        starts = window_ids.cpu().numpy()[chosen.numpy()]
+        last = self._last[starts]
+        goal_steps = starts + np.floor(draws[chosen, 1].numpy() * (last - starts + 1)).astype(
+            np.int64
+        )
+        goal_steps = np.minimum(goal_steps, last)
+        L = self.windows.sequence_transitions
+        transitions, valid = relabel(
+            self.episodes,
+            self.goals,
+            self.reward,
+            self.discount,
+            starts,
+            self._next_achieved[goal_steps],
+            goal_steps,
+            L,
+            self._next_achieved,
+        )
+        flat = torch.as_tensor(transitions.reshape(-1, transitions.shape[-1]))
+        new_tokens = self.discretizer.encode(flat.to(self.discretizer.device))
+        T = self.windows.transition_dim
+        rows = chosen.to(tokens.device)
+        tokens[rows] = new_tokens.reshape(len(chosen), L * T).to(tokens.device, tokens.dtype)
+        valid_tokens = torch.as_tensor(valid).repeat_interleave(T, dim=1)
+        mask[rows] = valid_tokens.to(mask.device)
+        if values is not None:
+            values[rows] = flat.reshape(len(chosen), L * T).to(values.device)
+        return tokens, mask, values

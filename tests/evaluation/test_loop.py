@@ -83,6 +83,55 @@ def test_at_the_tail_finished_envs_stay_in_the_batch_masked():
     assert result.returns == [3.0, 4.0]
 
 
+class GoalLineEnv(gym.Env):
+    """A point on a line stepping by its action, its goal at 3, `success` (as a goal env's
+    info) within 0.5 of it, rewarded 1 per success; 8 steps."""
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 0.0, 0
+        return np.zeros(1, np.float32), {"success": False}
+
+    def step(self, action):
+        self.x += float(action[0])
+        self.t += 1
+        success = abs(self.x - 3.0) <= 0.5
+        observation = np.full(1, self.x, np.float32)
+        return observation, float(success), False, self.t >= 8, {"success": success}
+
+
+class GoalLineAgent(RecordingAgent):
+    """Steps 1 towards the goal until it is there, then `after` (0: stays, 1: goes on)."""
+
+    def __init__(self, after: float):
+        super().__init__()
+        self.after = after
+
+    def act(self, observations, active=None):
+        x = observations[:, :1]
+        return np.where(x >= 3.0, self.after, 1.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("after, at_goal", [(0.0, 6), (1.0, 1)])
+def test_goal_envs_report_when_the_goal_was_reached_and_how_long_it_was_held(after, at_goal):
+    env = gym.vector.SyncVectorEnv([GoalLineEnv] * 2)
+    result = evaluate(GoalLineAgent(after), env, episodes=3, progress=False)
+    # At the goal after the third step (step 2), then the 6 steps from there, or only that one.
+    assert result.first_success_steps == [2, 2, 2]
+    assert result.success_steps == [at_goal] * 3
+    held = at_goal / 6
+    summary = result.summary()
+    assert summary["reached_fraction"] == 1.0
+    assert summary["stayed_fraction"] == pytest.approx(held)
+    assert f"then held {held:.0%} of the steps" in result.line()
+    # Envs without `success` say nothing of goals.
+    plain = evaluate(RecordingAgent(), gym.vector.SyncVectorEnv([CountdownEnv]), 1, progress=False)
+    assert plain.first_success_steps is None and "goal" not in plain.line()
+
+
 def test_no_reference_scores_says_why(tmp_path):
     env = gym.vector.SyncVectorEnv([CountdownEnv])
     result = evaluate(RecordingAgent(), env, episodes=1, progress=False)

@@ -34,6 +34,34 @@ class EvalResult:
     reference_source: str | None = None
     """Where the reference scores came from (`dataset metadata`, `explicit`, `d4rl (v2 envs)`)."""
     settings: dict = field(default_factory=dict)
+    first_success_steps: list[int | None] | None = None
+    """Per episode, the first step after which the env reported `success` (a goal env's info,
+    gymnasium-robotics': within the goal's radius), or None if never; None where the env
+    reports no success."""
+    success_steps: list[int] | None = None
+    """Per episode, the steps after which the env reported `success`."""
+
+    def goal_summary(self) -> dict | None:
+        """Where the env reports success: the share of episodes that reached their goal and,
+        over those, the share of the steps from the first success on that were successes
+        (1: the agent stayed at its goal). None elsewhere."""
+        if self.first_success_steps is None or self.success_steps is None:
+            return None
+        reached = [
+            (first, at, length)
+            for first, at, length in zip(
+                self.first_success_steps, self.success_steps, self.lengths, strict=True
+            )
+            if first is not None
+        ]
+        stayed = [at / (length - first) for first, at, length in reached]
+        return {
+            "reached_fraction": len(reached) / max(len(self.lengths), 1),
+            "stayed_fraction": float(np.mean(stayed)) if stayed else None,
+            "first_success_step_mean": (
+                float(np.mean([first for first, _, _ in reached])) if reached else None
+            ),
+        }
 
     def summary(self) -> dict:
         """The JSON written next to the checkpoint: means, standard errors, per-episode lists."""
@@ -51,6 +79,8 @@ class EvalResult:
             result |= {"normalized_score_mean": None, "normalized_score_stderr": None}
             result["no_score_reason"] = self.no_score_reason
         result["ms_per_env_step"] = 1000 * self.planning_seconds / max(self.env_steps, 1)
+        if (goals := self.goal_summary()) is not None:
+            result |= goals
         return result | asdict(self)
 
     def line(self) -> str:
@@ -68,6 +98,10 @@ class EvalResult:
                 text += f" ({self.reference_source})"
         else:
             text += f" | no normalized score: {self.no_score_reason}"
+        if (goals := self.goal_summary()) is not None:
+            text += f" | goal reached in {goals['reached_fraction']:.0%} of the episodes"
+            if goals["stayed_fraction"] is not None:
+                text += f", then held {goals['stayed_fraction']:.0%} of the steps"
         return text + f" | {summary['ms_per_env_step']:.1f} ms planning per env-step"
 
     def write(self, *paths: Path) -> None:
@@ -157,8 +191,16 @@ class _Tally:
     planning_seconds: float = 0.0
     env_steps: int = 0
     wall_seconds: float = 0.0
+    first_success_steps: list[int | None] = field(default_factory=list)
+    success_steps: list[int] = field(default_factory=list)
+    reports_success: bool = True  # until an episode's line has no success counts
 
     def add(self, line: dict) -> None:
+        if "success_steps" in line:
+            self.first_success_steps.append(line["first_success_step"])
+            self.success_steps.append(int(line["success_steps"]))
+        else:
+            self.reports_success = False
         self.returns.append(float(line["return"]))
         self.lengths.append(int(line["length"]))
         self.seeds.append(int(line["seed"]))
@@ -216,6 +258,8 @@ def evaluate(
         planning_seconds=tally.planning_seconds,
         env_steps=tally.env_steps,
         wall_seconds=tally.wall_seconds,
+        first_success_steps=tally.first_success_steps if tally.reports_success else None,
+        success_steps=tally.success_steps if tally.reports_success else None,
     )
 
 
@@ -248,12 +292,16 @@ def _play(
     running = np.zeros(num_envs, dtype=np.float64)
     length = np.zeros(num_envs, dtype=np.int64)
     active = np.zeros(num_envs, dtype=bool)
+    first_success = np.full(num_envs, -1, dtype=np.int64)  # -1: not yet
+    success_steps = np.zeros(num_envs, dtype=np.int64)
+    reports_success = False
 
     def start_episodes(slots: np.ndarray, first: int) -> None:
         """Slots `slots` (already reset) start the pending episodes first, first + 1, ..."""
         for index, slot in enumerate(slots, start=first):
             episode = pending[index]
             episode_of_slot[slot], running[slot], length[slot] = episode, 0.0, 0
+            first_success[slot], success_steps[slot] = -1, 0
             active[slot] = True
             if reset_env is not None:
                 reset_env(int(slot), seed + episode)
@@ -272,7 +320,7 @@ def _play(
         planning_seconds += time.perf_counter() - tic
         for observer in observers:
             observer.on_act(agent, observations, actions, active)
-        observations, rewards, terminated, truncated, _ = env.step(actions)
+        observations, rewards, terminated, truncated, infos = env.step(actions)
         dones = terminated | truncated
         agent.observe(rewards, dones)
         for observer in observers:
@@ -280,6 +328,13 @@ def _play(
         env_steps += int(active.sum())
         bar.update(int(active.sum()))
         running[active] += rewards[active]
+        if "success" in infos:  # a goal env: whether this step ended at the goal
+            reports_success = True
+            success = active & np.asarray(infos["success"], dtype=bool)
+            if "_success" in infos:
+                success &= np.asarray(infos["_success"], dtype=bool)
+            first_success[success & (first_success < 0)] = length[success & (first_success < 0)]
+            success_steps[success] += 1
         length[active] += 1
         finished = np.flatnonzero(active & dones)
         for i in finished:
@@ -292,6 +347,12 @@ def _play(
                 "env_steps": now[1] - since[1],
                 "wall_seconds": now[2] - since[2],
             }
+            if reports_success:
+                first = int(first_success[i])
+                line |= {
+                    "first_success_step": None if first < 0 else first,
+                    "success_steps": int(success_steps[i]),
+                }
             since = now
             tally.add(line)
             if journal is not None:

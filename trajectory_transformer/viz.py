@@ -376,6 +376,12 @@ def plot_maze_plans(
     path = np.asarray(record.observations)[:, point]
     ax.plot(path[:, 0], path[:, 1], color=REAL_COLOUR, lw=1.4, label="path taken")
     ax.plot(*path[0], "o", color=REAL_COLOUR, ms=7, mfc="white", label="start")
+    # The positions after rewarded steps: in a maze, the steps that ended at the goal.
+    rewarded = np.flatnonzero(np.asarray(record.rewards) > 0)
+    rewarded = rewarded[rewarded + 1 < len(path)]
+    if len(rewarded):
+        at_goal = path[rewarded + 1]
+        ax.plot(at_goal[:, 0], at_goal[:, 1], ".", color=CHOSEN_COLOUR, ms=4, label="at the goal")
     if goal is not None:
         ax.plot(
             *np.asarray(record.observations)[0, goal], "*", color=CHOSEN_COLOUR, ms=16, label="goal"
@@ -386,8 +392,10 @@ def plot_maze_plans(
     ax.set_xlabel("x")
     ax.set_ylabel("y")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    rewarded_steps = int(np.sum(np.asarray(record.rewards) > 0))
     ax.set_title(
-        f"{dataset.dataset_id}: {len(record)} steps, return {sum(record.rewards):.0f}",
+        f"{dataset.dataset_id}: {len(record)} steps, return {sum(record.rewards):.0f} "
+        f"({rewarded_steps} rewarded)",
         fontsize=10,
     )
     return fig

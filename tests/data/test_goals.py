@@ -71,6 +71,25 @@ def test_the_relabelled_episode_ends_at_the_first_step_that_reaches_its_goal():
     np.testing.assert_array_equal(transitions[0, :2, 5], [1.0, 0.0])
 
 
+def test_a_continuing_relabelled_episode_rewards_every_step_at_its_goal_to_the_end():
+    # The same point: at 2 after step 1, away, back at 2 after step 5, the episode's end.
+    episode = line_episode([0, 1, 2, 3, 4, 3, 2], goal=2.0)
+    transitions, valid = relabel(
+        episode,
+        GOALS,
+        within_half,
+        0.5,
+        np.array([0]),
+        np.array([[2.0]]),
+        np.array([1]),
+        6,
+        end_at_goal=False,
+    )
+    assert valid.all()
+    np.testing.assert_array_equal(transitions[0, :, 4], [0, 1, 0, 0, 0, 1])
+    np.testing.assert_allclose(transitions[0, :, 5], [1.0625, 0.125, 0.25, 0.5, 1.0, 0.0])
+
+
 def test_relabelling_an_episode_with_its_own_goal_gives_back_its_targets():
     episode = line_episode([0.0, 0.7, 1.6, 2.2, 3.1, 3.9], goal=4.0)
     expected = joint_transitions(episode, 0.95, -100.0)

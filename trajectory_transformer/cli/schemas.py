@@ -81,6 +81,10 @@ class DatasetConfig:
     instead of the dataset's (hindsight relabelling, `data.goals`), with the rewards and values
     recomputed for it; goal-conditioned datasets only (Dict observations with `achieved_goal`
     and `desired_goal`, an env with `compute_reward`). 0: the dataset's own goals."""
+    relabel_end_at_goal: bool = True
+    """Whether a relabelled episode ends at the first step that reaches its goal, as the
+    maze datasets' own episodes end at theirs; false: it goes on to the episode's end, every
+    step rewarded for where it ends (a continuing task, shown leaving the goal)."""
 
     def __post_init__(self) -> None:
         check = functools.partial(require, "dataset", self)

@@ -233,6 +233,7 @@ def relabelled_windows(
         reward,
         cfg.dataset.discount,
         cfg.dataset.relabel_goals,
+        cfg.dataset.relabel_end_at_goal,
     )
 
 

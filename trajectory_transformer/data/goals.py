@@ -103,13 +103,16 @@ def relabel(
     goal_steps: np.ndarray,
     length: int,
     next_achieved: np.ndarray | None = None,
+    end_at_goal: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Windows of `length` transitions starting at rows `starts` (B,) of `episodes`,
     relabelled with goals `goal` (B, G) that are reached at the latest at rows `goal_steps`
     (B,), in the same episode at or after the start (the step whose achieved goal it is).
     Returns their joint transitions (B, length, O + A + 2) `obs | act | reward | value` as
     float32, and which of their steps are in the relabelled episode (B, length).
-    `next_achieved` (N, G), the achieved goal after every step, is computed if not given."""
+    `next_achieved` (N, G), the achieved goal after every step, is computed if not given.
+    With `end_at_goal=False` the relabelled episode goes on to the end of the episode, every
+    step rewarded for where it ends (a continuing task, as the mazes are evaluated)."""
     if next_achieved is None:
         next_achieved = episodes.next_observations()[:, goals.achieved]
     episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
@@ -117,13 +120,18 @@ def relabel(
     if np.any(goal_steps < starts) or np.any(goal_steps > last):
         raise ValueError("each goal step must lie in its window's episode, at or after its start")
     at_goal = reward(goal, goal)  # (B,) the reward of reaching the goal
-    # Every step from the start to the goal's step (later columns repeat it): the relabelled
-    # episode ends at the first that reaches the goal, at the latest the goal's own step.
-    span = int((goal_steps - starts).max()) + 1
-    rows = np.minimum(starts[:, None] + np.arange(span), goal_steps[:, None])  # (B, span)
+    # Every step from the start to the goal's step, or to the episode's end (later columns
+    # repeat the last): the relabelled episode ends at the first step that reaches the goal,
+    # at the latest the goal's own step, or at the episode's end.
+    last_row = goal_steps if end_at_goal else last
+    span = int((last_row - starts).max()) + 1
+    rows = np.minimum(starts[:, None] + np.arange(span), last_row[:, None])  # (B, span)
     rewards = reward(next_achieved[rows], goal[:, None, :])  # (B, span)
-    reached = (rewards >= at_goal[:, None]) | (rows == goal_steps[:, None])
-    end = np.argmax(reached, axis=1)  # (B,) the first reaching step, from the start
+    if end_at_goal:
+        reached = (rewards >= at_goal[:, None]) | (rows == goal_steps[:, None])
+        end = np.argmax(reached, axis=1)  # (B,) the first reaching step, from the start
+    else:
+        end = last - starts
     rewards = np.where(np.arange(span)[None, :] <= end[:, None], rewards, 0.0)
     # V_k = sum_{m>k, m<=end} discount^(m-k-1) r_m: a backward recursion over the span.
     values = np.zeros_like(rewards)
@@ -133,7 +141,7 @@ def relabel(
         following = rewards[:, k] + discount * following
     steps = np.arange(length)
     valid = steps[None, :] <= end[:, None]  # (B, length) steps of the relabelled episode
-    window_rows = np.minimum(starts[:, None] + steps, goal_steps[:, None])
+    window_rows = np.minimum(starts[:, None] + steps, last_row[:, None])
     observations = episodes.observations[window_rows]
     observations[..., goals.desired] = goal[:, None, :]
     columns = np.minimum(steps, span - 1)  # steps past the span are past the end
@@ -162,6 +170,7 @@ class GoalRelabelledWindows:
         reward: GoalReward,
         discount: float,
         probability: float,
+        end_at_goal: bool = True,
     ) -> None:
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"the relabelling probability must be in [0, 1], got {probability}")
@@ -174,6 +183,7 @@ class GoalRelabelledWindows:
         self.reward = reward
         self.discount = discount
         self.probability = probability
+        self.end_at_goal = end_at_goal
         # Window i starts at transition `window_start[i]` of the episodes (TokenWindows keeps
         # one window per transition, in order); the last transition of its episode:
         episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
@@ -220,6 +230,7 @@ class GoalRelabelledWindows:
             goal_steps,
             L,
             self._next_achieved,
+            self.end_at_goal,
         )
         flat = torch.as_tensor(transitions.reshape(-1, transitions.shape[-1]))
         new_tokens = self.discretizer.encode(flat.to(self.discretizer.device))

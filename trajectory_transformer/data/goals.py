@@ -174,8 +174,6 @@ class GoalRelabelledWindows:
     ) -> None:
         if not 0.0 <= probability <= 1.0:
             raise ValueError(f"the relabelling probability must be in [0, 1], got {probability}")
-        if windows.sequence_transitions < 1:
-            raise ValueError("windows of at least one transition")
         self.windows = windows
         self.episodes = episodes
         self.discretizer = discretizer
@@ -184,8 +182,8 @@ class GoalRelabelledWindows:
         self.discount = discount
         self.probability = probability
         self.end_at_goal = end_at_goal
-        # Window i starts at transition `window_start[i]` of the episodes (TokenWindows keeps
-        # one window per transition, in order); the last transition of its episode:
+        # TokenWindows keeps one window per transition, in order: window i starts at
+        # transition i. The last transition of its episode:
         episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
         self._last = (episodes.starts + episodes.lengths - 1)[episode_of]  # (N,)
         self._next_achieved = episodes.next_observations()[:, goals.achieved]  # (N, G)

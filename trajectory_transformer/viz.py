@@ -20,7 +20,7 @@ from matplotlib.figure import Figure
 from trajectory_transformer.comparison.statistics import performance_profile
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
-from trajectory_transformer.data.minari_source import DatasetInfo
+from trajectory_transformer.data.minari_source import DatasetInfo, observation_columns
 from trajectory_transformer.diagnostics import (
     CompoundingError,
     PlanDistributions,
@@ -335,12 +335,9 @@ def maze_of(dataset: DatasetInfo) -> tuple[list[list], slice, slice | None] | No
     maze_map = spec.kwargs.get("maze_map")
     if maze_map is None or dataset.observation_layout is None:
         return None
-    offsets, start = {}, 0
-    for key, shape in dataset.observation_layout:
-        offsets[key] = start
-        start += int(np.prod(shape))
-    point = offsets.get("achieved_goal", offsets.get("observation", 0))
-    goal = offsets.get("desired_goal")
+    columns = observation_columns(dataset.observation_layout)
+    point = columns.get("achieved_goal", columns.get("observation", slice(0, 2))).start
+    goal = columns["desired_goal"].start if "desired_goal" in columns else None
     return maze_map, slice(point, point + 2), None if goal is None else slice(goal, goal + 2)
 
 
@@ -377,8 +374,8 @@ def plot_maze_plans(
     ax.plot(path[:, 0], path[:, 1], color=REAL_COLOUR, lw=1.4, label="path taken")
     ax.plot(*path[0], "o", color=REAL_COLOUR, ms=7, mfc="white", label="start")
     # The positions after rewarded steps: in a maze, the steps that ended at the goal.
-    rewarded = np.flatnonzero(np.asarray(record.rewards) > 0)
-    rewarded = rewarded[rewarded + 1 < len(path)]
+    rewarded_steps = np.flatnonzero(np.asarray(record.rewards) > 0)
+    rewarded = rewarded_steps[rewarded_steps + 1 < len(path)]
     if len(rewarded):
         at_goal = path[rewarded + 1]
         ax.plot(at_goal[:, 0], at_goal[:, 1], ".", color=CHOSEN_COLOUR, ms=4, label="at the goal")
@@ -392,10 +389,9 @@ def plot_maze_plans(
     ax.set_xlabel("x")
     ax.set_ylabel("y")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    rewarded_steps = int(np.sum(np.asarray(record.rewards) > 0))
     ax.set_title(
         f"{dataset.dataset_id}: {len(record)} steps, return {sum(record.rewards):.0f} "
-        f"({rewarded_steps} rewarded)",
+        f"({len(rewarded_steps)} rewarded)",
         fontsize=10,
     )
     return fig

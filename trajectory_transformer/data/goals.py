@@ -26,6 +26,7 @@ as `TokenWindows` has them.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.data.minari_source import observation_columns
 from trajectory_transformer.data.windows import TokenWindows
 
 GoalReward = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -61,11 +63,7 @@ class GoalLayout:
                 f"`desired_goal` keys (a goal-conditioned dataset), and this dataset has {found}; "
                 "set dataset.relabel_goals=0 to train on its own rewards."
             )
-        columns, start = {}, 0
-        for key, shape in layout:
-            size = int(np.prod(shape))
-            columns[key] = slice(start, start + size)
-            start += size
+        columns = observation_columns(layout)
         achieved, desired = columns["achieved_goal"], columns["desired_goal"]
         if achieved.stop - achieved.start != desired.stop - desired.start:
             raise ValueError(
@@ -93,6 +91,12 @@ def env_goal_reward(env) -> GoalReward:
     return reward
 
 
+def episode_last_rows(episodes: Episodes, rows: np.ndarray) -> np.ndarray:
+    """The last row of the episode that holds each of `rows`."""
+    ends = episodes.starts + episodes.lengths - 1  # ascending
+    return ends[np.searchsorted(ends, rows)]
+
+
 def relabel(
     episodes: Episodes,
     goals: GoalLayout,
@@ -115,11 +119,9 @@ def relabel(
     step rewarded for where it ends (a continuing task, as the mazes are evaluated)."""
     if next_achieved is None:
         next_achieved = episodes.next_observations()[:, goals.achieved]
-    episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
-    last = (episodes.starts + episodes.lengths - 1)[episode_of[starts]]  # (B,)
+    last = episode_last_rows(episodes, starts)  # (B,)
     if np.any(goal_steps < starts) or np.any(goal_steps > last):
         raise ValueError("each goal step must lie in its window's episode, at or after its start")
-    at_goal = reward(goal, goal)  # (B,) the reward of reaching the goal
     # Every step from the start to the goal's step, or to the episode's end (later columns
     # repeat the last): the relabelled episode ends at the first step that reaches the goal,
     # at the latest the goal's own step, or at the episode's end.
@@ -128,6 +130,7 @@ def relabel(
     rows = np.minimum(starts[:, None] + np.arange(span), last_row[:, None])  # (B, span)
     rewards = reward(next_achieved[rows], goal[:, None, :])  # (B, span)
     if end_at_goal:
+        at_goal = reward(goal, goal)  # (B,) the reward of reaching the goal
         reached = (rewards >= at_goal[:, None]) | (rows == goal_steps[:, None])
         end = np.argmax(reached, axis=1)  # (B,) the first reaching step, from the start
     else:
@@ -182,10 +185,6 @@ class GoalRelabelledWindows:
         self.discount = discount
         self.probability = probability
         self.end_at_goal = end_at_goal
-        # TokenWindows keeps one window per transition, in order: window i starts at
-        # transition i. The last transition of its episode:
-        episode_of = np.repeat(np.arange(episodes.num_episodes), episodes.lengths)
-        self._last = (episodes.starts + episodes.lengths - 1)[episode_of]  # (N,)
         self._next_achieved = episodes.next_observations()[:, goals.achieved]  # (N, G)
 
     def __len__(self) -> int:
@@ -197,8 +196,7 @@ class GoalRelabelledWindows:
         return getattr(self.windows, name)
 
     def to(self, device: torch.device | str) -> GoalRelabelledWindows:
-        moved = object.__new__(GoalRelabelledWindows)
-        moved.__dict__.update(self.__dict__)
+        moved = copy.copy(self)
         moved.windows = self.windows.to(device)
         return moved
 
@@ -211,8 +209,10 @@ class GoalRelabelledWindows:
         chosen = (draws[:, 0] < self.probability).nonzero().flatten()
         if len(chosen) == 0:
             return tokens, mask, values
+        # TokenWindows keeps one window per transition, in order: window i starts at
+        # transition i.
         starts = window_ids.cpu().numpy()[chosen.numpy()]
-        last = self._last[starts]
+        last = episode_last_rows(self.episodes, starts)
         goal_steps = starts + np.floor(draws[chosen, 1].numpy() * (last - starts + 1)).astype(
             np.int64
         )

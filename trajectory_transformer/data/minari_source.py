@@ -163,6 +163,16 @@ def observation_layout(space: gym.Space) -> tuple[tuple[str, tuple[int, ...]], .
     return tuple((key, tuple(int(n) for n in subspace.shape)) for key, subspace in _leaves(space))
 
 
+def observation_columns(layout: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, slice]:
+    """The columns of each key of an `observation_layout` in the flattened observation."""
+    columns, start = {}, 0
+    for key, shape in layout:
+        size = int(np.prod(shape))
+        columns[key] = slice(start, start + size)
+        start += size
+    return columns
+
+
 def flatten_observations(space: gym.spaces.Dict, observations: dict, rows: int) -> np.ndarray:
     """A batch of Dict observations (each key's array has `rows` rows) as (rows, dim) float32,
     row by row what `gymnasium.spaces.flatten(space, observation)` returns."""

@@ -193,14 +193,11 @@ class _Tally:
     wall_seconds: float = 0.0
     first_success_steps: list[int | None] = field(default_factory=list)
     success_steps: list[int] = field(default_factory=list)
-    reports_success: bool = True  # until an episode's line has no success counts
 
     def add(self, line: dict) -> None:
         if "success_steps" in line:
             self.first_success_steps.append(line["first_success_step"])
             self.success_steps.append(int(line["success_steps"]))
-        else:
-            self.reports_success = False
         self.returns.append(float(line["return"]))
         self.lengths.append(int(line["length"]))
         self.seeds.append(int(line["seed"]))
@@ -246,6 +243,7 @@ def evaluate(
     if pending:
         _play(agent, env, pending, seed, tally, progress, observers, journal)
     scores = normalized_score(np.array(tally.returns), *ref_scores)
+    reports_success = len(tally.success_steps) == len(tally.returns)  # every episode's line
     return EvalResult(
         returns=tally.returns,
         lengths=tally.lengths,
@@ -258,8 +256,8 @@ def evaluate(
         planning_seconds=tally.planning_seconds,
         env_steps=tally.env_steps,
         wall_seconds=tally.wall_seconds,
-        first_success_steps=tally.first_success_steps if tally.reports_success else None,
-        success_steps=tally.success_steps if tally.reports_success else None,
+        first_success_steps=tally.first_success_steps if reports_success else None,
+        success_steps=tally.success_steps if reports_success else None,
     )
 
 
@@ -333,7 +331,8 @@ def _play(
             success = active & np.asarray(infos["success"], dtype=bool)
             if "_success" in infos:
                 success &= np.asarray(infos["_success"], dtype=bool)
-            first_success[success & (first_success < 0)] = length[success & (first_success < 0)]
+            arrived = success & (first_success < 0)
+            first_success[arrived] = length[arrived]
             success_steps[success] += 1
         length[active] += 1
         finished = np.flatnonzero(active & dones)

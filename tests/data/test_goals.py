@@ -156,6 +156,92 @@ def test_relabelled_batches_hold_the_relabelled_windows_tokens_and_masks():
         assert tokens[window].tolist() == encoded.flatten().tolist()
 
 
+def test_windows_relabelled_with_a_goal_they_reach_go_on_past_it_rewarded_where_they_stay():
+    # The point comes to rest at 4 for three steps, then leaves: each window is relabelled
+    # with where the point is after one of its own steps, rewarded at every step within 0.5
+    # of it, to the episode's end.
+    episodes = line_episode([0, 3, 4, 4, 4, 6, 8, 10], goal=10.0)
+    transitions = joint_transitions(episodes, 0.5, -100.0)
+    discretizer = Discretizer.fit(transitions, 16)
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, 3, real_values=True)
+    reaching = GoalRelabelledWindows(
+        windows, episodes, discretizer, GOALS, within_half, 0.5, 0.0, reached=1.0
+    )
+    torch.manual_seed(0)
+    ids = torch.arange(len(windows))
+    _, mask, values = reaching.batch(ids)
+    rows = values.reshape(len(ids), 3, windows.transition_dim)
+    goals = rows[:, 0, 1].numpy()
+    positions = np.array([3, 4, 4, 4, 6, 8, 10], np.float32)  # after each step
+    for window in range(len(ids)):
+        assert goals[window] in positions[window : window + 3]
+        goal_step = window + int(np.flatnonzero(positions[window:] == goals[window])[0])
+        want, valid = relabel(
+            episodes,
+            GOALS,
+            within_half,
+            0.5,
+            np.array([window]),
+            goals[window : window + 1, None],
+            np.array([goal_step]),
+            3,
+            end_at_goal=False,
+        )
+        torch.testing.assert_close(rows[window], torch.as_tensor(want[0]))
+        # Nothing ends at the goal: only the episode's own end.
+        assert valid[0].tolist() == [window + step < len(positions) for step in range(3)]
+        assert mask[window].tolist() == np.repeat(valid[0], windows.transition_dim).tolist()
+    # By hand, from step 1 (at 3 after it, then at rest at 4) with the goal 4: rewarded while
+    # at rest; each value is what is left of those rewards.
+    want, _ = relabel(
+        episodes,
+        GOALS,
+        within_half,
+        0.5,
+        np.array([1]),
+        np.array([[4.0]]),
+        np.array([1]),
+        5,
+        end_at_goal=False,
+    )
+    np.testing.assert_array_equal(want[0, :, 4], [1.0, 1.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(want[0, :, 5], [1.5, 1.0, 0.0, 0.0, 0.0])
+
+
+def test_a_batch_mixes_later_goals_reached_goals_and_the_datasets_own():
+    episodes = line_episode([float(p) for p in range(40)], goal=39.0)
+    transitions = joint_transitions(episodes, 0.9, -100.0)
+    discretizer = Discretizer.fit(transitions, 16)
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, 3, real_values=True)
+    mixed = GoalRelabelledWindows(
+        windows, episodes, discretizer, GOALS, within_half, 0.9, 0.4, reached=0.4
+    )
+    torch.manual_seed(1)
+    ids = torch.arange(len(windows)).repeat(20)
+    _, mask, values = mixed.batch(ids)
+    goals = values.reshape(len(ids), 3, -1)[:, 0, 1].numpy()
+    start = ids.numpy().astype(np.float32)
+    own = goals == 39.0
+    within = (goals >= start + 1) & (goals <= start + 3) & ~own
+    later = (goals > start + 3) & ~own
+    assert 0.25 < within.mean() < 0.55 and 0.2 < later.mean() < 0.55 and own.mean() > 0.1
+    # Goals the window reaches go on past it; a later goal drawn among the window's own steps,
+    # rarely, ends the window's episode at its step.
+    ends_early = ~mask.reshape(len(ids), 3, -1).all(dim=2).all(dim=1).numpy()
+    assert ends_early[within & (start < 36)].mean() < 0.2
+
+
+def test_relabelling_probabilities_that_sum_past_one_are_refused():
+    episodes = line_episode([0.0, 1.0, 2.0], goal=2.0)
+    transitions = joint_transitions(episodes, 0.9, -100.0)
+    discretizer = Discretizer.fit(transitions, 4)
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, 2)
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        GoalRelabelledWindows(
+            windows, episodes, discretizer, GOALS, within_half, 0.9, 0.7, reached=0.5
+        )
+
+
 def test_on_a_maze_dataset_relabelling_with_its_own_goals_gives_back_its_targets(tmp_path):
     """The maze's own reward (gymnasium-robotics' compute_reward) and its episodes, each cut at
     its goal: relabelled with that goal, every window gets the dataset's rewards and values."""

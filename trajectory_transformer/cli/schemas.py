@@ -85,6 +85,12 @@ class DatasetConfig:
     """Whether a relabelled episode ends at the first step that reaches its goal, as the
     maze datasets' own episodes end at theirs; false: it goes on to the episode's end, every
     step rewarded for where it ends (a continuing task, shown leaving the goal)."""
+    relabel_reached: float = 0.0
+    """Probability that a training window is conditioned on a goal it reaches itself (the
+    achieved goal after one of its own steps), the relabelled episode going on past it, every
+    step rewarded for where it ends: what follows arrival, which a goal-reaching dataset's
+    episodes never show (they end there), so that the model learns what stays at a goal. With
+    `relabel_goals`, at most 1 in all."""
 
     def __post_init__(self) -> None:
         check = functools.partial(require, "dataset", self)
@@ -100,6 +106,11 @@ class DatasetConfig:
         )
         check("validation_seed", lambda x: x >= 0, "at least 0")
         check("relabel_goals", lambda x: finite(x) and 0 <= x <= 1, "in [0, 1]")
+        check(
+            "relabel_reached",
+            lambda x: finite(x) and 0 <= x <= 1 - self.relabel_goals,
+            "in [0, 1 - dataset.relabel_goals]",
+        )
 
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is

@@ -234,6 +234,7 @@ def relabelled_windows(
         cfg.dataset.discount,
         cfg.dataset.relabel_goals,
         cfg.dataset.relabel_end_at_goal,
+        cfg.dataset.relabel_reached,
     )
 
 
@@ -315,11 +316,13 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         check_compatible(resume, model_config, info, config["dataset"], split)
     sequence, real_values = model_config.sequence_transitions, model_config.value_inputs
     windows = TokenWindows(transitions, episodes.lengths, discretizer, sequence, real_values)
-    if cfg.dataset.relabel_goals > 0:
+    if cfg.dataset.relabel_goals > 0 or cfg.dataset.relabel_reached > 0:
         windows = relabelled_windows(cfg, windows, episodes, discretizer, info)
         say(
             f"goals: {cfg.dataset.relabel_goals:.0%} of the training windows relabelled with a "
-            "goal their episode reaches later (dataset.relabel_goals)"
+            "goal their episode reaches later (dataset.relabel_goals), "
+            f"{cfg.dataset.relabel_reached:.0%} with one they reach themselves "
+            "(dataset.relabel_reached)"
         )
     validation = None
     if held_out is not None:

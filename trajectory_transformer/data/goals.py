@@ -19,9 +19,18 @@ may be relabelled with one (HER's "future" strategy, Andrychowicz et al., 2017):
 * Actions are kept: the path to an intermediate goal is the first part of a path that the
   behaviour took to a later one.
 
-`GoalRelabelledWindows` relabels each window of a batch with probability `probability`, drawn
-from torch's global generator (saved and restored with a run's state), and leaves the others
-as `TokenWindows` has them.
+A goal-reaching dataset never shows what follows arrival: its episodes end there, while an
+evaluation counts the steps spent at the goal after it. Windows relabelled with a goal **they
+reach themselves** show it: the goal is the achieved goal after one of the window's own steps,
+drawn uniformly, and the relabelled episode goes on past it to the end of the episode, every
+step rewarded for where it ends. The data passes some goals at speed and comes to rest at
+others (the maze controller settles at every cell centre), so these windows' rewards and values
+tell the states and actions that stay at a goal from those that leave it.
+
+`GoalRelabelledWindows` relabels each window of a batch with a later goal with probability
+`probability`, with one it reaches itself with probability `reached`, drawn from torch's global
+generator (saved and restored with a run's state), and leaves the others as `TokenWindows` has
+them.
 """
 
 from __future__ import annotations
@@ -107,7 +116,7 @@ def relabel(
     goal_steps: np.ndarray,
     length: int,
     next_achieved: np.ndarray | None = None,
-    end_at_goal: bool = True,
+    end_at_goal: bool | np.ndarray = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Windows of `length` transitions starting at rows `starts` (B,) of `episodes`,
     relabelled with goals `goal` (B, G) that are reached at the latest at rows `goal_steps`
@@ -115,8 +124,9 @@ def relabel(
     Returns their joint transitions (B, length, O + A + 2) `obs | act | reward | value` as
     float32, and which of their steps are in the relabelled episode (B, length).
     `next_achieved` (N, G), the achieved goal after every step, is computed if not given.
-    With `end_at_goal=False` the relabelled episode goes on to the end of the episode, every
-    step rewarded for where it ends (a continuing task, as the mazes are evaluated)."""
+    Where `end_at_goal` (a bool, or one per window) is false, the relabelled episode goes on to
+    the end of the episode, every step rewarded for where it ends (a continuing task, as the
+    mazes are evaluated)."""
     if next_achieved is None:
         next_achieved = episodes.next_observations()[:, goals.achieved]
     last = episode_last_rows(episodes, starts)  # (B,)
@@ -125,16 +135,17 @@ def relabel(
     # Every step from the start to the goal's step, or to the episode's end (later columns
     # repeat the last): the relabelled episode ends at the first step that reaches the goal,
     # at the latest the goal's own step, or at the episode's end.
-    last_row = goal_steps if end_at_goal else last
+    end_at_goal = np.broadcast_to(np.asarray(end_at_goal, dtype=bool), starts.shape)
+    last_row = np.where(end_at_goal, goal_steps, last)
     span = int((last_row - starts).max()) + 1
     rows = np.minimum(starts[:, None] + np.arange(span), last_row[:, None])  # (B, span)
     rewards = reward(next_achieved[rows], goal[:, None, :])  # (B, span)
-    if end_at_goal:
-        at_goal = reward(goal, goal)  # (B,) the reward of reaching the goal
-        reached = (rewards >= at_goal[:, None]) | (rows == goal_steps[:, None])
-        end = np.argmax(reached, axis=1)  # (B,) the first reaching step, from the start
-    else:
-        end = last - starts
+    end = last - starts
+    if end_at_goal.any():
+        ending = end_at_goal.nonzero()[0]
+        at_goal = reward(goal[ending], goal[ending])  # the reward of reaching the goal
+        reached = (rewards[ending] >= at_goal[:, None]) | (rows[ending] == goal_steps[ending, None])
+        end[ending] = np.argmax(reached, axis=1)  # the first reaching step, from the start
     rewards = np.where(np.arange(span)[None, :] <= end[:, None], rewards, 0.0)
     # V_k = sum_{m>k, m<=end} discount^(m-k-1) r_m: a backward recursion over the span.
     values = np.zeros_like(rewards)
@@ -161,8 +172,10 @@ def relabel(
 
 
 class GoalRelabelledWindows:
-    """`TokenWindows` whose batches relabel each window's goal with probability `probability`
-    (see the module docstring); the same windows, lengths and device."""
+    """`TokenWindows` whose batches relabel each window's goal: with probability
+    `probability` with a goal its episode reaches later, with probability `reached` with one
+    the window reaches itself (see the module docstring); the same windows, lengths and
+    device."""
 
     def __init__(
         self,
@@ -174,9 +187,13 @@ class GoalRelabelledWindows:
         discount: float,
         probability: float,
         end_at_goal: bool = True,
+        reached: float = 0.0,
     ) -> None:
-        if not 0.0 <= probability <= 1.0:
-            raise ValueError(f"the relabelling probability must be in [0, 1], got {probability}")
+        if min(probability, reached) < 0.0 or probability + reached > 1.0:
+            raise ValueError(
+                "the relabelling probabilities must be at least 0 and sum to at most 1, got "
+                f"{probability} (a later goal) and {reached} (a goal the window reaches)"
+            )
         self.windows = windows
         self.episodes = episodes
         self.discretizer = discretizer
@@ -185,6 +202,7 @@ class GoalRelabelledWindows:
         self.discount = discount
         self.probability = probability
         self.end_at_goal = end_at_goal
+        self.reached = reached
         self._next_achieved = episodes.next_observations()[:, goals.achieved]  # (N, G)
 
     def __len__(self) -> int:
@@ -203,21 +221,24 @@ class GoalRelabelledWindows:
     def batch(
         self, window_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """As `TokenWindows.batch`, each window relabelled with probability `probability`."""
+        """As `TokenWindows.batch`, each window relabelled with a later goal with probability
+        `probability`, with one it reaches itself with probability `reached`."""
         tokens, mask, values = self.windows.batch(window_ids)
         draws = torch.rand(len(window_ids), 2)  # torch's global generator: a run's saved state
-        chosen = (draws[:, 0] < self.probability).nonzero().flatten()
+        chosen = (draws[:, 0] < self.probability + self.reached).nonzero().flatten()
         if len(chosen) == 0:
             return tokens, mask, values
+        later = (draws[chosen, 0] < self.probability).numpy()  # else a goal the window reaches
         # TokenWindows keeps one window per transition, in order: window i starts at
         # transition i.
         starts = window_ids.cpu().numpy()[chosen.numpy()]
         last = episode_last_rows(self.episodes, starts)
-        goal_steps = starts + np.floor(draws[chosen, 1].numpy() * (last - starts + 1)).astype(
+        L = self.windows.sequence_transitions
+        goal_last = np.where(later, last, np.minimum(last, starts + L - 1))
+        goal_steps = starts + np.floor(draws[chosen, 1].numpy() * (goal_last - starts + 1)).astype(
             np.int64
         )
-        goal_steps = np.minimum(goal_steps, last)
-        L = self.windows.sequence_transitions
+        goal_steps = np.minimum(goal_steps, goal_last)
         transitions, valid = relabel(
             self.episodes,
             self.goals,
@@ -228,7 +249,7 @@ class GoalRelabelledWindows:
             goal_steps,
             L,
             self._next_achieved,
-            self.end_at_goal,
+            later & self.end_at_goal,
         )
         flat = torch.as_tensor(transitions.reshape(-1, transitions.shape[-1]))
         new_tokens = self.discretizer.encode(flat.to(self.discretizer.device))

@@ -40,6 +40,7 @@ import torch
 from trajectory_transformer.checkpoint import CheckpointError
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
+from trajectory_transformer.data.goals import GoalLayout
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model.decode import fused
 from trajectory_transformer.model.decode.captured import CapturedCall
@@ -164,6 +165,7 @@ class BeamPlanner:
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
         self.critic = self._critic(critic_network)
+        self.goals = self._goal_layout()
         self.config = self._with_discount(self.config)
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
@@ -209,6 +211,21 @@ class BeamPlanner:
                 "train a critic on the model's dataset with tt-train-critic"
             )
         return network.to(self.device).eval()
+
+    def _goal_layout(self) -> GoalLayout | None:
+        """Where `goal_radius` reads the goal and the position in an observation."""
+        if self.config.goal_radius is None:
+            return None
+        layout = self.dataset.observation_layout if self.dataset is not None else None
+        try:
+            return GoalLayout.of(layout)
+        except ValueError:
+            keys = "no Dict layout" if layout is None else f"the keys {[k for k, _ in layout]}"
+            raise ValueError(
+                "planner.goal_radius keeps an env at its goal, read from the observation's "
+                f"achieved_goal and desired_goal, and this model's observations have {keys}; "
+                "leave planner.goal_radius=null"
+            ) from None
 
     def _with_discount(self, config: PlannerConfig) -> PlannerConfig:
         """`config` with the discount of its search. Scored by a critic, the planned rewards
@@ -644,21 +661,38 @@ class BeamPlanner:
         expected rewards before it count in the critic's units (`r' = scale * r + bias`, as
         it was trained): `sum_{i<h} discount^i r'_i + discount^h Q(s_h, a_h)`. Q already holds
         r_h and everything after it, so the model's value token is not used; `values`
-        records Q."""
+        records Q. With `goal_radius`, an env at its goal scores by `_stay_at_goal` instead."""
         discount = self.config.discount
         if self.critic is None:
             beams.rewards[:, h], beams.values[:, h] = reward, value
             beams.so_far = beams.so_far + discount**h * reward
-            return beams.so_far + discount ** (h + 1) * value
-        T, n_obs = self.transition_dim, self.observation_dim
-        transition = beams.tokens[:, h * T : (h + 1) * T - 2]  # (rows, O + A)
-        q = critic_q(
-            self.critic, self.discretizer, transition, n_obs, self.action_low, self.action_high
-        )
-        beams.rewards[:, h], beams.values[:, h] = reward, q
-        scores = beams.so_far + discount**h * q
-        beams.so_far = beams.so_far + discount**h * self.critic.scale_rewards(reward)
+            scores = beams.so_far + discount ** (h + 1) * value
+        else:
+            T, n_obs = self.transition_dim, self.observation_dim
+            transition = beams.tokens[:, h * T : (h + 1) * T - 2]  # (rows, O + A)
+            q = critic_q(
+                self.critic, self.discretizer, transition, n_obs, self.action_low, self.action_high
+            )
+            beams.rewards[:, h], beams.values[:, h] = reward, q
+            scores = beams.so_far + discount**h * q
+            beams.so_far = beams.so_far + discount**h * self.critic.scale_rewards(reward)
+        if self.goals is not None:
+            scores = self._stay_at_goal(beams.tokens, h, scores)
         return scores
+
+    def _stay_at_goal(self, tokens: torch.Tensor, h: int, scores: torch.Tensor) -> torch.Tensor:
+        """`goal_radius`'s rule: where a candidate's env is within `goal_radius` of its goal
+        (its current observation, the plan's first), its score is minus the distance from the
+        goal of its planned position at transition `h` (the latest the plan has decoded, after
+        its actions before `h`), so that the search keeps what stays closest; elsewhere
+        `scores` (rows,)."""
+        goals, decode = self.goals, self.discretizer.decode
+        desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
+        now = decode(tokens[:, goals.achieved], goals.achieved)
+        planned = tokens[:, h * self.transition_dim :][:, goals.achieved]
+        distance = (decode(planned, goals.achieved) - desired).norm(dim=-1)
+        at_goal = (now - desired).norm(dim=-1) <= self.config.goal_radius
+        return torch.where(at_goal, -distance, scores)
 
     def _search(
         self,

@@ -74,6 +74,13 @@ class PlannerConfig:
     step, per number of planned envs; or `search`, the whole search after the context's prefill
     (decode steps, sampling, scoring, beam selection), per number of planned envs and history
     length. Nothing is captured on the CPU. All plan the same."""
+    goal_radius: float | None = None
+    """On a goal-conditioned dataset (Dict observations with `achieved_goal` and
+    `desired_goal`), the distance within which an env is at its goal; from there its search
+    keeps it there: candidates are ranked by how close to the goal their planned positions
+    stay, not by the model's score. A goal-reaching dataset's episodes end on arrival, so its
+    model has never seen what stays (`docs/training.md`). None: the model's score everywhere.
+    `planner=maze`: 0.45, the maze's own radius."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or
@@ -128,6 +135,10 @@ class PlannerConfig:
         if self.cuda_graph not in self.CUDA_GRAPHS:
             raise ValueError(
                 f"planner.cuda_graph must be none, step or search, got {self.cuda_graph!r}"
+            )
+        if self.goal_radius is not None and self.goal_radius <= 0.0:
+            raise ValueError(
+                f"planner.goal_radius must be positive or None, got {self.goal_radius}"
             )
         if self.agent not in self.AGENTS:
             raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")

@@ -76,11 +76,11 @@ class PlannerConfig:
     length. Nothing is captured on the CPU. All plan the same."""
     goal_radius: float | None = None
     """On a goal-conditioned dataset (Dict observations with `achieved_goal` and
-    `desired_goal`), the distance within which an env is at its goal; from there its search
-    keeps it there: candidates are ranked by how close to the goal their planned positions
-    stay, not by the model's score. A goal-reaching dataset's episodes end on arrival, so its
-    model has never seen what stays (`docs/training.md`). None: the model's score everywhere.
-    `planner=maze`: 0.45, the maze's own radius."""
+    `desired_goal`), the distance within which an env is at its goal; there its search ranks
+    candidates by how close to the goal their planned positions stay instead of by the model's
+    score (`BeamPlanner._stay_at_goal`): a goal-reaching dataset's episodes end on arrival, so
+    its model has never seen what stays. None: the model's score everywhere. The mazes' own
+    radius is 0.45."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or

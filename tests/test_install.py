@@ -1,4 +1,5 @@
-"""A non-editable install works without the source tree: the wheel carries the Hydra configs."""
+"""A non-editable install works without the source tree: the wheel carries the Hydra configs
+and the pretrained checkpoints."""
 
 from __future__ import annotations
 
@@ -49,6 +50,13 @@ def test_the_wheel_carries_every_config(wheel):
     assert len(expected) > 20
     assert expected <= names, sorted(expected - names)
     assert "trajectory_transformer/model/decode/csrc/cpu_kernels.cpp" in names
+    pretrained = {
+        "trajectory_transformer/pretrained/" + path.name
+        for path in (REPO / "pretrained").iterdir()
+        if path.suffix in (".json", ".pt")
+    }
+    assert "trajectory_transformer/pretrained/manifest.json" in pretrained
+    assert pretrained <= names, sorted(pretrained - names)
 
 
 def test_installed_wheel_runs_the_clis_outside_the_checkout(wheel, tmp_path, minari_dir):

@@ -7,6 +7,8 @@ are stored, so `torch.load(path, weights_only=True)` reads it.
 
 from __future__ import annotations
 
+import importlib.resources
+import json
 import os
 import pickle
 import tempfile
@@ -39,9 +41,52 @@ PLANNING_MODEL = "model.pt"
 """The file a finished run hands over to plan with (`write_planning_model`)."""
 
 
+PRETRAINED = "pretrained:"
+"""Where a checkpoint's path is expected, `pretrained:<dataset id>` names a pretrained one."""
+PRETRAINED_DIR_VARIABLE = "TT_PRETRAINED_DIR"
+"""An environment variable naming another folder of pretrained checkpoints (its own
+`manifest.json`) than the one installed with the package."""
+
+
+def pretrained_dir() -> Path:
+    """The folder of the pretrained checkpoints and their `manifest.json`: the package's own
+    (`trajectory_transformer.pretrained`), or the one `TT_PRETRAINED_DIR` names."""
+    if folder := os.environ.get(PRETRAINED_DIR_VARIABLE):
+        return Path(folder)
+    return Path(str(importlib.resources.files("trajectory_transformer.pretrained")))
+
+
+def pretrained_manifest() -> dict[str, dict]:
+    """The pretrained checkpoints' manifest entries, by dataset id."""
+    path = pretrained_dir() / "manifest.json"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text())["checkpoints"]
+
+
+def pretrained_file(name: str) -> Path:
+    """The file of the pretrained checkpoint of dataset `name`; an unknown name is refused in
+    one line that lists the known ones."""
+    entries = pretrained_manifest()
+    if name not in entries:
+        known = ", ".join(sorted(entries)) or "none in this installation"
+        raise CheckpointError(
+            f"no pretrained checkpoint is named {name!r}; the pretrained ones: {known} "
+            f"({pretrained_dir() / 'manifest.json'})"
+        )
+    return pretrained_dir() / entries[name]["file"]
+
+
+def is_pretrained(path: str | os.PathLike) -> bool:
+    return str(path).startswith(PRETRAINED)
+
+
 def checkpoint_file(path: str | os.PathLike, to_resume: bool = False) -> Path:
     """`path` itself, or in a run directory the file to use: `model.pt` to plan with (a run
-    from before it existed: `checkpoint.pt`), `checkpoint.pt` to resume."""
+    from before it existed: `checkpoint.pt`), `checkpoint.pt` to resume; `pretrained:<dataset
+    id>`, the pretrained checkpoint of that dataset."""
+    if is_pretrained(path) and not to_resume:
+        return pretrained_file(str(path)[len(PRETRAINED) :])
     path = Path(path)
     if not path.is_dir():
         return path
@@ -72,6 +117,20 @@ def write_planning_model(run_dir: str | os.PathLike, validated: bool) -> Path:
     payload["training"] = {key: training[key] for key in kept if key in training}
     payload["training"]["weights_of"] = source.name
     return save_atomic(payload, run_dir / PLANNING_MODEL)
+
+
+def compact_planning_payload(payload: dict, dtype: torch.dtype = torch.float16) -> dict:
+    """A planning model's payload (`model.pt`) with its parameters stored as `dtype`, half the
+    bytes in float16; buffers (the real-value inputs' normalisation) keep their precision.
+    Loading casts them back: `load_state_dict` copies into the model's float32 parameters."""
+    model = TrajectoryGPT(GPTConfig(**payload["model_config"]))
+    parameters = {name for name, _ in model.named_parameters()}
+    compact = dict(payload)
+    compact["model"] = {
+        name: tensor.to(dtype) if name in parameters and tensor.is_floating_point() else tensor
+        for name, tensor in payload["model"].items()
+    }
+    return compact
 
 
 @dataclass

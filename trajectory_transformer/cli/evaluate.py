@@ -12,7 +12,12 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from trajectory_transformer.checkpoint import CheckpointError, checkpoint_file, value_targets_of
+from trajectory_transformer.checkpoint import (
+    CheckpointError,
+    checkpoint_file,
+    is_pretrained,
+    value_targets_of,
+)
 from trajectory_transformer.cli.common import (
     ConfigError,
     command,
@@ -37,10 +42,16 @@ def run(cfg: EvaluateConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
+    # A pretrained checkpoint is installed with the package: its evaluations are listed in
+    # their run directories alone.
+    listed_beside_checkpoint = not is_pretrained(cfg.checkpoint)
     if cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
-        cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))  # a run dir: its model.pt
+        try:  # a run dir: its model.pt; pretrained:<dataset id>: that checkpoint
+            cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))
+        except CheckpointError as error:
+            raise ConfigError(str(error)) from None
         planner = beam_planner(cfg, device, envs)
     info = planner.dataset
     # Settled before any env starts, so that a request that cannot be honoured fails first.
@@ -102,7 +113,10 @@ def run(cfg: EvaluateConfig) -> dict:
         "device": str(device),
     }
     result.write(run_dir / "results.json")
-    index = record_evaluation(Path(cfg.checkpoint), run_dir, result.summary())
+    listed = ""
+    if listed_beside_checkpoint:
+        index = record_evaluation(Path(cfg.checkpoint), run_dir, result.summary())
+        listed = f", listed in {index}"
     if cfg.eval.video:
         video = write_video(record.frames, run_dir / f"video.{cfg.eval.video_format}")
         print(f"video of episode 0: {video}")
@@ -112,7 +126,7 @@ def run(cfg: EvaluateConfig) -> dict:
         figures = save_episode_figures(record, planner, run_dir)
         print(f"{len(figures)} figures of episode 0 in {run_dir}: {figures[0].name}, ...")
     print(f"{info.dataset_id} | planner {preset} | {result.line()}")
-    print(f"results: {run_dir / 'results.json'}, listed in {index}")
+    print(f"results: {run_dir / 'results.json'}{listed}")
     return result.summary()
 
 

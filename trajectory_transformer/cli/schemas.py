@@ -274,8 +274,9 @@ class EvalConfig:
 class EvaluateConfig:
     checkpoint: str = MISSING
     """tt-train's run directory (the model it handed over, `model.pt`), or a checkpoint file
-    (`model.pt`, `checkpoint.pt`, `best_validation.pt`, `best.pt`); with `planner=iql`, a
-    critic's `critic.pt`."""
+    (`model.pt`, `checkpoint.pt`, `best_validation.pt`, `best.pt`), or
+    `pretrained:<dataset id>`, the pretrained checkpoint of an embedded dataset; with
+    `planner=iql`, a critic's `critic.pt`."""
     device: str = "auto"
     """`auto` (cuda when available), `cpu`, `cuda`, ..."""
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -279,6 +279,16 @@ class BeamPlanner:
             **overrides,
         )
 
+    @classmethod
+    def from_pretrained(
+        cls, name: str, device: torch.device | str = "cpu", **overrides: object
+    ) -> BeamPlanner:
+        """A planner over the pretrained checkpoint of dataset `name` (`hopper/medium-v0`), as
+        `from_checkpoint`; an unknown name is refused with the list of known ones."""
+        from trajectory_transformer.checkpoint import PRETRAINED
+
+        return cls.from_checkpoint(PRETRAINED + name, device, **overrides)
+
     # --- per-environment state ------------------------------------------------------------
 
     def reset(

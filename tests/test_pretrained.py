@@ -1,0 +1,112 @@
+"""Pretrained checkpoints: a finished run added to a manifest, then loaded by name from Python
+and from tt-eval; an unknown name is refused in one line that lists the known ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_module, untrained_checkpoint
+
+from trajectory_transformer.checkpoint import CheckpointError, load_checkpoint, pretrained_file
+from trajectory_transformer.planning import BeamPlanner
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pretrained.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("pretrained_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def hydra_run(path: Path, overrides: list[str], results: dict | None = None) -> Path:
+    (path / ".hydra").mkdir(parents=True, exist_ok=True)
+    (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    if results is not None:
+        (path / "results.json").write_text(json.dumps(results))
+    return path
+
+
+@pytest.fixture
+def pretrained(tmp_path, tiny_dataset, monkeypatch):
+    """`test/tiny-v0`'s untrained model added to a folder of pretrained checkpoints, which
+    `TT_PRETRAINED_DIR` names; returns (that folder, the run's model.pt)."""
+    run = tmp_path / "run"
+    model = untrained_checkpoint(run / "model.pt", "test/tiny-v0")
+    hydra_run(run, ["dataset.id=test/tiny-v0", "seed=0"])
+    scores = {"normalized_score_mean": 41.234, "normalized_score_stderr": 2.5, "returns": [1, 2]}
+    planner = hydra_run(tmp_path / "eval", ["checkpoint=x", "eval.episodes=2"], scores)
+    bc = hydra_run(tmp_path / "bc", ["checkpoint=x", "planner=bc"], scores)
+    out = tmp_path / "pretrained"
+    arguments = ["add", str(run), "--planner", str(planner), "--bc", str(bc)]
+    load_script().main([*arguments, "--commit", "abc123", "--out", str(out)])
+    monkeypatch.setenv("TT_PRETRAINED_DIR", str(out))
+    return out, model
+
+
+def test_a_run_added_to_the_manifest_loads_by_name_with_its_weights(pretrained):
+    out, model = pretrained
+    (entry,) = json.loads((out / "manifest.json").read_text())["checkpoints"].values()
+    assert entry["dataset"] == "test/tiny-v0" and entry["file"] == "test-tiny-v0.pt"
+    assert entry["training"]["command"] == "tt-train dataset.id=test/tiny-v0 seed=0"
+    assert entry["training"]["commit"] == "abc123"
+    assert entry["scores"]["bc"] == {
+        "normalized_score_mean": 41.23,
+        "normalized_score_stderr": 2.5,
+        "episodes": 2,
+        "command": "tt-eval checkpoint=pretrained:<dataset id> planner=bc",
+    }
+    assert entry["dataset_fingerprint"] == load_checkpoint(model).dataset.fingerprint
+    assert entry["weights_dtype"] in ("float16", "float32")
+    assert (entry["weights_dtype"] == "float16") == (entry["float16_agreement"] >= 0.99)
+    assert pretrained_file("test/tiny-v0") == out / "test-tiny-v0.pt"
+
+    planner = BeamPlanner.from_pretrained(
+        "test/tiny-v0", horizon=2, beam_width=3, context_transitions=2
+    )
+    original = load_checkpoint(model).model.state_dict()
+    for name, weights in planner.model.state_dict().items():
+        assert weights.dtype == original[name].dtype  # float32 again once loaded
+        torch.testing.assert_close(weights, original[name], rtol=1e-3, atol=1e-4)
+
+
+def test_an_unknown_name_is_refused_with_the_known_ones(pretrained):
+    with pytest.raises(CheckpointError, match=r"'hopper/nope-v0'.*test/tiny-v0"):
+        BeamPlanner.from_pretrained("hopper/nope-v0")
+
+
+def test_tt_eval_plays_a_pretrained_checkpoint_by_name_and_writes_nothing_beside_it(
+    pretrained, tmp_path
+):
+    out, _ = pretrained
+    small = ["planner.horizon=2", "planner.beam_width=3", "planner.context_transitions=2"]
+    small += ["eval.episodes=2", "eval.num_envs=2"]
+    small += ["eval.max_episode_steps=10", "eval.progress=false", "device=cpu"]
+    module = "trajectory_transformer.cli.evaluate"
+    result = run_module(
+        module, "checkpoint=pretrained:test/tiny-v0", *small, f"hydra.run.dir={tmp_path / 'e'}"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2 episodes" in result.stdout
+    assert (tmp_path / "e" / "results.json").is_file()
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "test-tiny-v0.pt"]
+
+    refused = run_module(module, "checkpoint=pretrained:nope", f"hydra.run.dir={tmp_path / 'f'}")
+    assert refused.returncode != 0
+    (line,) = refused.stderr.strip().splitlines()
+    assert "test/tiny-v0" in line
+
+
+def test_every_checkpoint_of_the_installed_manifest_is_there(monkeypatch):
+    from trajectory_transformer.checkpoint import pretrained_dir, pretrained_manifest
+
+    monkeypatch.delenv("TT_PRETRAINED_DIR", raising=False)
+    assert (pretrained_dir() / "manifest.json").is_file()
+    for name, entry in pretrained_manifest().items():
+        assert entry["dataset"] == name
+        assert (pretrained_dir() / entry["file"]).is_file(), name

@@ -81,6 +81,14 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check trajectory_transformer tests scripts notebooks
 	$(BIN)/ruff format --check trajectory_transformer tests scripts notebooks
 
+# Every pretrained checkpoint (pretrained/manifest.json) evaluated again, with the planner and
+# with BC, each score compared with its manifest's; the table of what it measured is the record
+# pretrained/scores, written into the pages (scripts/pretrained.py check).
+.PHONY: results
+results: $(VENV)/.installed
+	$(BIN)/python scripts/pretrained.py check
+	$(BIN)/python scripts/render_results.py
+
 # Every results table of the README and docs/ written from its record, docs/results/records/
 # (scripts/render_results.py; `--check` only compares).
 .PHONY: results-tables

@@ -9,20 +9,33 @@ predictions unchanged within tolerance (else float32), and its manifest entry, b
 
 * the dataset and its content fingerprint;
 * the training command (the run's own Hydra overrides), the commit it was trained at (given, or
-  this checkout's) and its wall time;
+  this checkout's), its wall time and the machine (given);
 * the scores of the planner and of BC (mean and standard error of the normalised score over
   their episodes), each with its evaluation command (the evaluation's own overrides);
 * the stored dtype and how far float16 moved the model's predictions.
 
 `--out` writes to another folder (its own `manifest.json`), as `TT_PRETRAINED_DIR` reads one.
+
+    python scripts/pretrained.py check            # make results
+
+evaluates every pretrained checkpoint again with its manifest's planner and BC commands, and
+compares each score with the manifest's: it agrees where the two differ by at most twice their
+combined standard error. It writes the table of what it measured to the record
+`pretrained/scores` (docs/results/records/pretrained/scores.json, rendered by
+scripts/render_results.py) and exits with 1 if a score disagrees.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import platform
+import shlex
 import subprocess
 import sys
+import time
+from datetime import date
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +45,7 @@ from omegaconf import OmegaConf
 from trajectory_transformer.checkpoint import (
     PLANNING_MODEL,
     compact_planning_payload,
+    pretrained_manifest,
     read_payload,
     save_atomic,
     value_targets_of,
@@ -134,6 +148,7 @@ def add(args: argparse.Namespace) -> Path:
             "wall_seconds": round(training.get("elapsed_seconds", float("nan")), 1),
             "steps": training.get("step"),
             "weights_of": training.get("weights_of"),
+            "machine": args.machine,
         },
         "scores": {
             "planner": score_of(Path(args.planner), "tt-eval"),
@@ -156,7 +171,73 @@ def add(args: argparse.Namespace) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> None:
+def agrees(score: float, stderr: float, recorded: dict) -> bool:
+    """Two measurements of one score agree where they differ by at most twice their combined
+    standard error."""
+    spread = math.hypot(stderr, recorded["normalized_score_stderr"])
+    return abs(score - recorded["normalized_score_mean"]) <= 2 * spread
+
+
+def evaluate_again(name: str, recorded: dict, run_dir: Path, extra: list[str]) -> dict:
+    """Run a manifest's evaluation command again; its results.json."""
+    words = shlex.split(recorded["command"].replace("<dataset id>", name))
+    module = "trajectory_transformer.cli.evaluate"
+    command = [sys.executable, "-m", module, *words[1:], *extra, f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: {' '.join(words)} failed:\n{done.stderr}")
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def check(args: argparse.Namespace) -> int:
+    manifest = pretrained_manifest()
+    if not manifest:
+        print("no pretrained checkpoints are installed")
+        return 0
+    started, rows, disagreements = time.monotonic(), [], []
+    for name, entry in manifest.items():
+        row = [name]
+        for agent in ("planner", "bc"):
+            recorded = entry["scores"][agent]
+            results = evaluate_again(name, recorded, Path(args.out) / name / agent, args.extra)
+            score, stderr = results["normalized_score_mean"], results["normalized_score_stderr"]
+            ok = agrees(score, stderr, recorded)
+            if not ok:
+                disagreements.append(f"{name} {agent}")
+            was = "{normalized_score_mean:.1f} ± {normalized_score_stderr:.1f}".format(**recorded)
+            now = f"{score:.1f} ± {stderr:.1f}"
+            row += [was, now if ok else f"{now} (disagrees)"]
+            print(f"{name} {agent}: {now}, manifest {was}: {'agrees' if ok else 'DISAGREES'}")
+        rows.append(row)
+    minutes = (time.monotonic() - started) / 60
+    record = {
+        "title": "Pretrained checkpoints, evaluated again",
+        "page": "docs/results/pretrained.md",
+        "provenance": {
+            "commands": ["make results"],
+            "machines": [f"{platform.machine()}, {args.machine}"],
+            "dates": [date.today().isoformat()],
+        },
+        "note": (
+            f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes; normalised "
+            "scores, mean ± standard error over the manifest's evaluation episodes. A score "
+            "agrees with the manifest's where they differ by at most twice their combined "
+            "standard error."
+        ),
+        "columns": ["dataset", "planner (manifest)", "planner", "BC (manifest)", "BC"],
+        "rows": rows,
+    }
+    path = Path(args.record)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    print(f"{len(manifest)} checkpoints in {minutes:.1f} minutes; table: {path}")
+    if disagreements:
+        print(f"disagree with the manifest: {', '.join(disagreements)}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     adding = commands.add_parser("add", help="add a finished training run")
@@ -164,9 +245,22 @@ def main(argv: list[str] | None = None) -> None:
     adding.add_argument("--planner", required=True, help="tt-eval run dir of the planner")
     adding.add_argument("--bc", required=True, help="tt-eval run dir with planner=bc")
     adding.add_argument("--commit", help="the commit it was trained at (default: HEAD)")
+    adding.add_argument(
+        "--machine", default="2-core CPU", help="where it was trained, and what ran beside it"
+    )
     adding.add_argument("--out", default=str(REPOSITORY / "pretrained"))
+    checking = commands.add_parser("check", help="evaluate every pretrained checkpoint again")
+    checking.add_argument("--out", default="outputs/results", help="the evaluations' run dirs")
+    checking.add_argument(
+        "--record", default=str(REPOSITORY / "docs/results/records/pretrained/scores.json")
+    )
+    checking.add_argument("--machine", default="2-core CPU", help="named in the record")
+    checking.add_argument("extra", nargs="*", help="tt-eval overrides for every evaluation")
     args = parser.parse_args(argv)
+    if args.command == "check":
+        return check(args)
     add(args)
+    return 0
 
 
 if __name__ == "__main__":

@@ -57,3 +57,24 @@ def test_notebook_runs(path, tiny_checkpoint, tmp_path, request):
         last = [cell for cell in executed.cells if cell.cell_type == "code"][-1]
         assert "plot_maze_plans" in last.source
         assert any("image/png" in output.get("data", {}) for output in last.outputs)
+
+
+def test_the_plans_notebook_runs_on_its_default_pretrained_checkpoint(tmp_path, request):
+    path = next(path for path in NOTEBOOKS if path.stem == "visualize_plans")
+    parameters = {"RUN_DIR": str(tmp_path), **TINY["visualize_plans"]}  # CHECKPOINT as it is
+    parameters["MAZE_CHECKPOINT"] = str(request.getfixturevalue("maze_checkpoint"))
+    executed = papermill.execute_notebook(
+        str(path),
+        str(tmp_path / path.name),
+        parameters=parameters,
+        cwd=str(path.parent),
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    text = "".join(
+        output.get("text", "")
+        for cell in executed.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+    )
+    assert "pendulum/medium-expert-v0" in text

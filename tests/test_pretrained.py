@@ -40,8 +40,11 @@ def pretrained(tmp_path, tiny_dataset, monkeypatch):
     model = untrained_checkpoint(run / "model.pt", "test/tiny-v0")
     hydra_run(run, ["dataset.id=test/tiny-v0", "seed=0"])
     scores = {"normalized_score_mean": 41.234, "normalized_score_stderr": 2.5, "returns": [1, 2]}
-    planner = hydra_run(tmp_path / "eval", ["checkpoint=x", "eval.episodes=2"], scores)
-    bc = hydra_run(tmp_path / "bc", ["checkpoint=x", "planner=bc"], scores)
+    small = ["eval.episodes=2", "eval.max_episode_steps=10", "eval.progress=false", "device=cpu"]
+    searched = ["planner.horizon=2", "planner.beam_width=3", "planner.context_transitions=2"]
+    planner = hydra_run(tmp_path / "eval", ["checkpoint=x", *searched, *small], scores)
+    cloned = ["planner=bc", "planner.context_transitions=2"]
+    bc = hydra_run(tmp_path / "bc", ["checkpoint=x", *cloned, *small], scores)
     out = tmp_path / "pretrained"
     arguments = ["add", str(run), "--planner", str(planner), "--bc", str(bc)]
     load_script().main([*arguments, "--commit", "abc123", "--out", str(out)])
@@ -59,7 +62,9 @@ def test_a_run_added_to_the_manifest_loads_by_name_with_its_weights(pretrained):
         "normalized_score_mean": 41.23,
         "normalized_score_stderr": 2.5,
         "episodes": 2,
-        "command": "tt-eval checkpoint=pretrained:<dataset id> planner=bc",
+        "command": "tt-eval checkpoint=pretrained:<dataset id> planner=bc "
+        "planner.context_transitions=2 eval.episodes=2 eval.max_episode_steps=10 "
+        "eval.progress=false device=cpu",
     }
     assert entry["dataset_fingerprint"] == load_checkpoint(model).dataset.fingerprint
     assert entry["weights_dtype"] in ("float16", "float32")
@@ -110,3 +115,63 @@ def test_every_checkpoint_of_the_installed_manifest_is_there(monkeypatch):
     for name, entry in pretrained_manifest().items():
         assert entry["dataset"] == name
         assert (pretrained_dir() / entry["file"]).is_file(), name
+
+
+def test_make_results_evaluates_every_checkpoint_again_and_finds_what_disagrees(
+    pretrained, tmp_path
+):
+    out, _ = pretrained
+    script = load_script()
+    record = tmp_path / "scores.json"
+    arguments = ["check", "--out", str(tmp_path / "again"), "--record", str(record)]
+    # The manifest's made-up scores (41.2 ± 2.5) are not what the untrained model plays.
+    assert script.main(arguments) == 1
+    (row,) = json.loads(record.read_text())["rows"]
+    assert row[0] == "test/tiny-v0" and row[1] == "41.2 ± 2.5" and "disagrees" in row[2]
+    # Given what it does play, everything agrees.
+    manifest = json.loads((out / "manifest.json").read_text())
+    for agent in ("planner", "bc"):
+        again = json.loads(
+            (tmp_path / "again" / "test/tiny-v0" / agent / "results.json").read_text()
+        )
+        manifest["checkpoints"]["test/tiny-v0"]["scores"][agent].update(
+            normalized_score_mean=again["normalized_score_mean"],
+            normalized_score_stderr=again["normalized_score_stderr"],
+        )
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert script.main(arguments) == 0
+    assert "disagrees" not in record.read_text()
+
+
+def test_two_scores_agree_within_twice_their_combined_standard_error():
+    agrees = load_script().agrees
+    assert agrees(50.0, 3.0, {"normalized_score_mean": 59.9, "normalized_score_stderr": 4.0})
+    assert not agrees(50.0, 3.0, {"normalized_score_mean": 60.1, "normalized_score_stderr": 4.0})
+
+
+def installed_entries() -> list[tuple[str, dict]]:
+    import os
+
+    from trajectory_transformer.checkpoint import PRETRAINED_DIR_VARIABLE, pretrained_manifest
+
+    if os.environ.get(PRETRAINED_DIR_VARIABLE):
+        return []
+    return sorted(pretrained_manifest().items())
+
+
+INSTALLED = installed_entries()
+
+
+@pytest.mark.parametrize(("name", "entry"), INSTALLED, ids=[name for name, _ in INSTALLED])
+def test_each_installed_checkpoint_plays_one_episode_within_a_wide_band(name, entry, tmp_path):
+    """One episode with the manifest's planner command: it loads, plans and scores within four
+    of its episodes' standard deviations of the manifest's mean (`make results` checks the
+    scores themselves)."""
+    recorded = entry["scores"]["planner"]
+    words = recorded["command"].replace("<dataset id>", name).split()[1:]
+    one = ["eval.episodes=1", "eval.num_envs=1", f"hydra.run.dir={tmp_path}"]
+    result = run_module("trajectory_transformer.cli.evaluate", *words, *one)
+    assert result.returncode == 0, result.stderr
+    score = json.loads((tmp_path / "results.json").read_text())["normalized_score_mean"]
+    spread = recorded["normalized_score_stderr"] * recorded["episodes"] ** 0.5
+    assert abs(score - recorded["normalized_score_mean"]) <= 4 * spread, score

@@ -32,19 +32,25 @@ def test_every_notebook_is_covered_and_committed_without_outputs():
         assert "parameters" in code[0].metadata.get("tags", []), f"{path}: parameters cell"
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
-def test_notebook_runs(path, tiny_checkpoint, tmp_path, request):
-    parameters = {"CHECKPOINT": str(tiny_checkpoint), "RUN_DIR": str(tmp_path), **TINY[path.stem]}
-    if path.stem == "visualize_plans":  # its maze episode
-        parameters["MAZE_CHECKPOINT"] = str(request.getfixturevalue("maze_checkpoint"))
-    executed = papermill.execute_notebook(
+def execute(path: Path, parameters: dict, tmp_path: Path):
+    """The notebook run top to bottom with `parameters`; raises PapermillExecutionError naming
+    the cell that failed."""
+    return papermill.execute_notebook(
         str(path),
         str(tmp_path / path.name),
         parameters=parameters,
         cwd=str(path.parent),
         kernel_name="python3",
         progress_bar=False,
-    )  # raises PapermillExecutionError naming the cell that failed
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
+def test_notebook_runs(path, tiny_checkpoint, tmp_path, request):
+    parameters = {"CHECKPOINT": str(tiny_checkpoint), "RUN_DIR": str(tmp_path), **TINY[path.stem]}
+    if path.stem == "visualize_plans":  # its maze episode
+        parameters["MAZE_CHECKPOINT"] = str(request.getfixturevalue("maze_checkpoint"))
+    executed = execute(path, parameters, tmp_path)
     figures = [
         output
         for cell in executed.cells
@@ -63,14 +69,7 @@ def test_the_plans_notebook_runs_on_its_default_pretrained_checkpoint(tmp_path, 
     path = next(path for path in NOTEBOOKS if path.stem == "visualize_plans")
     parameters = {"RUN_DIR": str(tmp_path), **TINY["visualize_plans"]}  # CHECKPOINT as it is
     parameters["MAZE_CHECKPOINT"] = str(request.getfixturevalue("maze_checkpoint"))
-    executed = papermill.execute_notebook(
-        str(path),
-        str(tmp_path / path.name),
-        parameters=parameters,
-        cwd=str(path.parent),
-        kernel_name="python3",
-        progress_bar=False,
-    )
+    executed = execute(path, parameters, tmp_path)
     text = "".join(
         output.get("text", "")
         for cell in executed.cells

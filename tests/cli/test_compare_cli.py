@@ -325,12 +325,16 @@ def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path, sweep_ignore
         f"Job.command = lambda self: ['-c', {child!r}]\n"
         f"run_job({jobs_file!r}, 0)\n"
     )
+    # Otherwise the sweep answers Ctrl-C as a terminal's process does, even where the tests
+    # themselves run with it ignored (a background job of a shell without job control).
     sweep = subprocess.Popen(
         [sys.executable, "-c", script],
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=compare_cli.ignore_interrupts if sweep_ignores_ctrl_c else None,
+        preexec_fn=(
+            compare_cli.ignore_interrupts if sweep_ignores_ctrl_c else compare_cli.answer_interrupts
+        ),
     )
     try:
         deadline = time.monotonic() + 120

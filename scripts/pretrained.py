@@ -72,16 +72,22 @@ def overrides_of(run_dir: Path) -> list[str]:
     return [str(item) for item in OmegaConf.to_container(OmegaConf.load(path)) or []]
 
 
-def score_of(eval_dir: Path, command: str) -> dict:
-    """An evaluation's normalised score (mean, standard error, episodes) and its command."""
+def score_of(eval_dir: Path) -> dict:
+    """A tt-eval run's normalised score (mean, standard error, episodes) and its command, for
+    any pretrained checkpoint (`evaluation_overrides` reads it back)."""
     results = json.loads((eval_dir / "results.json").read_text())
     overrides = [o for o in overrides_of(eval_dir) if not o.startswith("checkpoint=")]
     return {
         "normalized_score_mean": round(results["normalized_score_mean"], 2),
         "normalized_score_stderr": round(results["normalized_score_stderr"], 2),
         "episodes": len(results["returns"]),
-        "command": " ".join([command, "checkpoint=pretrained:<dataset id>", *overrides]),
+        "command": "tt-eval checkpoint=pretrained:<dataset id> " + shlex.join(overrides),
     }
+
+
+def evaluation_overrides(name: str, recorded: dict) -> list[str]:
+    """The tt-eval overrides of a manifest's evaluation command, for the checkpoint `name`."""
+    return shlex.split(recorded["command"].replace("<dataset id>", name))[1:]
 
 
 def predictions_moved(payload: dict, compact: dict, seed: int = 0) -> tuple[float, float]:
@@ -151,8 +157,8 @@ def add(args: argparse.Namespace) -> Path:
             "machine": args.machine,
         },
         "scores": {
-            "planner": score_of(Path(args.planner), "tt-eval"),
-            "bc": score_of(Path(args.bc), "tt-eval"),
+            "planner": score_of(Path(args.planner)),
+            "bc": score_of(Path(args.bc)),
         },
         "weights_dtype": "float16" if kept else "float32",
         "float16_agreement": round(agreement, 4),
@@ -180,12 +186,12 @@ def agrees(score: float, stderr: float, recorded: dict) -> bool:
 
 def evaluate_again(name: str, recorded: dict, run_dir: Path, extra: list[str]) -> dict:
     """Run a manifest's evaluation command again; its results.json."""
-    words = shlex.split(recorded["command"].replace("<dataset id>", name))
+    overrides = evaluation_overrides(name, recorded)
     module = "trajectory_transformer.cli.evaluate"
-    command = [sys.executable, "-m", module, *words[1:], *extra, f"hydra.run.dir={run_dir}"]
+    command = [sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={run_dir}"]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"{name}: {' '.join(words)} failed:\n{done.stderr}")
+        raise SystemExit(f"{name}: tt-eval {shlex.join(overrides)} failed:\n{done.stderr}")
     return json.loads((run_dir / "results.json").read_text())
 
 

@@ -168,9 +168,9 @@ def test_each_installed_checkpoint_plays_one_episode_within_a_wide_band(name, en
     of its episodes' standard deviations of the manifest's mean (`make results` checks the
     scores themselves)."""
     recorded = entry["scores"]["planner"]
-    words = recorded["command"].replace("<dataset id>", name).split()[1:]
+    overrides = load_script().evaluation_overrides(name, recorded)
     one = ["eval.episodes=1", "eval.num_envs=1", f"hydra.run.dir={tmp_path}"]
-    result = run_module("trajectory_transformer.cli.evaluate", *words, *one)
+    result = run_module("trajectory_transformer.cli.evaluate", *overrides, *one)
     assert result.returncode == 0, result.stderr
     score = json.loads((tmp_path / "results.json").read_text())["normalized_score_mean"]
     spread = recorded["normalized_score_stderr"] * recorded["episodes"] ** 0.5

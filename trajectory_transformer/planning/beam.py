@@ -37,7 +37,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from trajectory_transformer.checkpoint import CheckpointError
+from trajectory_transformer.checkpoint import PRETRAINED, CheckpointError
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.goals import GoalLayout
@@ -285,8 +285,6 @@ class BeamPlanner:
     ) -> BeamPlanner:
         """A planner over the pretrained checkpoint of dataset `name` (`hopper/medium-v0`), as
         `from_checkpoint`; an unknown name is refused with the list of known ones."""
-        from trajectory_transformer.checkpoint import PRETRAINED
-
         return cls.from_checkpoint(PRETRAINED + name, device, **overrides)
 
     # --- per-environment state ------------------------------------------------------------

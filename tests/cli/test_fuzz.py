@@ -184,6 +184,7 @@ def checkpoint(tiny_dataset, tmp_path):
 
 
 @given(drawn=overrides(TRAIN_KEYS))
+@example(drawn=["trainer.learning_rate=1.2646662000497285e+195"])  # once overflowed in Adam
 def test_tt_train_starts_or_says_no_in_one_line(drawn, tiny_dataset, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(Trainer, "train", train_two_steps)
     run(train_cli.main, [*TINY_TRAINING, *drawn, f"hydra.run.dir={tmp_path}/train"], capsys)

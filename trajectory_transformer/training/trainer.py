@@ -58,6 +58,9 @@ COOLDOWN_LINE = "cooling the learning rate down before stopping (Ctrl-C again: s
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 @dataclass
 class TrainerConfig:
     batch_size: int = 256
@@ -138,14 +141,17 @@ class TrainerConfig:
                 raise ValueError(f"trainer.{name} must be {allowed}, got {value!r}")
 
         finite = lambda x: isinstance(x, int | float) and math.isfinite(x)  # noqa: E731
+        # The optimiser and the loss hold these as float32 tensors: a larger number overflows.
+        float32 = lambda x: finite(x) and abs(x) <= FLOAT32_MAX  # noqa: E731
+        in_range = "a number >= 0 within float32's range"
         counts = ("batch_size", "patience", "validate_every", "eval_episodes")
         for name in (*counts, "checkpoint_every", "log_every"):
             require(name, lambda x: x >= 1, "at least 1")
         for name in ("max_steps", "epochs", "eval_every", "validation_windows"):
             require(name, lambda x: x is None or x >= 1, "at least 1, or null")
-        require("learning_rate", lambda x: finite(x) and x >= 0, "a finite number >= 0")
-        require("weight_decay", lambda x: finite(x) and x >= 0, "a finite number >= 0")
-        require("grad_clip", lambda x: finite(x) and x > 0, "a finite number > 0")
+        require("learning_rate", lambda x: float32(x) and x >= 0, in_range)
+        require("weight_decay", lambda x: float32(x) and x >= 0, in_range)
+        require("grad_clip", lambda x: float32(x) and x > 0, "a number > 0 within float32's range")
         in_unit = lambda x: finite(x) and 0 <= x < 1  # noqa: E731
         require("betas", lambda x: len(x) == 2 and all(map(in_unit, x)), "two numbers in [0, 1)")
         require("warmup_fraction", in_unit, "in [0, 1)")
@@ -156,7 +162,7 @@ class TrainerConfig:
         require("min_delta", lambda x: finite(x) and x >= 0, "a finite number >= 0")
         weights = ("observation_weight", "action_weight", "reward_weight", "value_weight")
         for name in weights:
-            require(name, lambda x: finite(x) and x >= 0, "a finite number >= 0")
+            require(name, lambda x: float32(x) and x >= 0, in_range)
         if not any(getattr(self, name) > 0 for name in weights):
             raise ValueError(
                 "the loss weights (trainer.observation_weight, action_weight, reward_weight, "

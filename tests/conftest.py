@@ -296,7 +296,8 @@ def tiny_training(seed: int = 0, device="cpu", value_inputs: bool = False, **tra
     """(model, windows, discretizer, trainer config) of a 2-layer, 32-wide model with dropout on
     `structured_transitions`: 300 windows of 4 transitions, 40 steps of 16; the model on
     `device`, where the trainer runs. With `value_inputs`, the model takes the windows' real
-    values, normalised as tt-train sets them."""
+    values, normalised as tt-train sets them; the windows hold them with `value_inputs` or
+    `target_sigma`."""
     import torch
 
     from trajectory_transformer.data.discretizer import Discretizer
@@ -306,7 +307,8 @@ def tiny_training(seed: int = 0, device="cpu", value_inputs: bool = False, **tra
 
     transitions, lengths = structured_transitions()
     discretizer = Discretizer.fit(transitions, 16, "uniform")
-    windows = TokenWindows(transitions, lengths, discretizer, 4, real_values=value_inputs)
+    real_values = value_inputs or trainer_overrides.get("target_sigma", 0.0) > 0
+    windows = TokenWindows(transitions, lengths, discretizer, 4, real_values=real_values)
     torch.manual_seed(seed)
     config = GPTConfig(
         observation_dim=2,

@@ -314,7 +314,9 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
         raise ConfigError(str(error)) from None
     if resume is not None:
         check_compatible(resume, model_config, info, config["dataset"], split)
-    sequence, real_values = model_config.sequence_transitions, model_config.value_inputs
+    sequence = model_config.sequence_transitions
+    # Real values: the model's inputs, or the centres of Gaussian targets.
+    real_values = model_config.value_inputs or cfg.trainer.target_sigma > 0
     windows = TokenWindows(transitions, episodes.lengths, discretizer, sequence, real_values)
     if cfg.dataset.relabel_goals > 0 or cfg.dataset.relabel_reached > 0:
         windows = relabelled_windows(cfg, windows, episodes, discretizer, info)

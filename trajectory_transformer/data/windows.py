@@ -67,6 +67,7 @@ class TokenWindows:
             self.values = torch.zeros(total, transition_dim)
             self.values[rows] = torch.as_tensor(transitions, dtype=torch.float32)
         self.starts = rows  # (W,) one window per real transition
+        self.discretizer = discretizer  # the tokens' bins, for targets that read them
         self.sequence_transitions = length
         self.transition_dim = transition_dim
         self._offsets = torch.arange(length)

@@ -30,6 +30,7 @@ from trajectory_transformer.progress import progress_bar
 from trajectory_transformer.training.distributed import Distributed
 from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.loss import (
+    GaussianTargets,
     input_values,
     loss_weights,
     token_kinds,
@@ -129,6 +130,10 @@ class TrainerConfig:
     """Loss weight of reward tokens."""
     value_weight: float = 1.0
     """Loss weight of value tokens."""
+    target_sigma: float = 0.0
+    """0: each token's target is the token itself (the paper's). Above 0: a Gaussian of this
+    standard deviation, in bins, over the bins around the token's real value (HL-Gauss), so
+    that the loss knows the bins' order (see `loss.GaussianTargets`)."""
     checkpoint_every: int = 1000
     """Write `checkpoint.pt` every this many steps (and always at the end and on Ctrl-C)."""
     log_every: int = 50
@@ -160,6 +165,7 @@ class TrainerConfig:
         for name in ("reference_epochs", "schedule_epochs"):
             require(name, lambda x: finite(x) and x > 0, "a finite number > 0")
         require("min_delta", lambda x: finite(x) and x >= 0, "a finite number >= 0")
+        require("target_sigma", lambda x: finite(x) and 0 <= x <= 1e6, "a number in [0, 1e6]")
         weights = ("observation_weight", "action_weight", "reward_weight", "value_weight")
         for name in weights:
             require(name, lambda x: float32(x) and x >= 0, in_range)
@@ -241,10 +247,17 @@ class Trainer(ScheduleState, ResumableState, Validation):
         self.model = model
         self.device = next(model.parameters()).device
         for part in (windows, validation):
-            if model.config.value_inputs and part is not None and part.values is None:
+            if part is None or part.values is not None:
+                continue
+            if model.config.value_inputs:
                 raise ValueError(
                     "the model takes real values (model.value_inputs) and the windows hold "
                     "none: build them with TokenWindows(..., real_values=True)"
+                )
+            if cfg.target_sigma > 0:
+                raise ValueError(
+                    "trainer.target_sigma centres each target on its real value and the "
+                    "windows hold none: build them with TokenWindows(..., real_values=True)"
                 )
         # The token windows (one byte a token) live where the batches are used.
         self.windows = windows.to(self.device)
@@ -262,6 +275,12 @@ class Trainer(ScheduleState, ResumableState, Validation):
         self.forward = self._training_forward(model)
         self.weights = loss_weights(model, cfg).to(self.device)
         self.kinds = token_kinds(model).to(self.device)
+        self.gaussian_targets = None
+        if cfg.target_sigma > 0:
+            sigma, device = cfg.target_sigma, self.device
+            self.gaussian_targets = GaussianTargets(windows.discretizer, sigma, device)
+        T = model.config.transition_dim
+        self.target_dims = (torch.arange(1, model.config.block_size) % T).to(self.device)
         self.epochs, self.total_steps = planned_steps(cfg, len(windows))
         self.steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
         self.tokens_per_window = model.config.block_size - 1
@@ -338,6 +357,17 @@ class Trainer(ScheduleState, ResumableState, Validation):
             self._order_epoch = self.epoch
         return self._order
 
+    def target_probabilities(
+        self, tokens: torch.Tensor, values: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The targets (B, S - 1, N) of a batch's windows (tokens and real values (B, S)) with
+        `target_sigma`; None where the targets are the tokens themselves."""
+        if self.gaussian_targets is None:
+            return None
+        assert values is not None  # checked when the windows were given
+        S = tokens.shape[1] - 1
+        return self.gaussian_targets(tokens[:, 1:], values[:, 1:], self.target_dims[:S])
+
     def train_step(self, window_ids: torch.Tensor) -> torch.Tensor:
         """One optimisation step on the given (global) batch of windows; returns this rank's
         share of the loss (on the device; the ranks' shares sum to the batch's loss)."""
@@ -346,7 +376,8 @@ class Trainer(ScheduleState, ResumableState, Validation):
         token_count = self.dist.sum_(mask[:, 1:].sum(dtype=torch.float32))
         with self._autocast():
             logits = self.forward(tokens[:, :-1], input_values(values))  # (B, S - 1, N)
-        loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights, token_count)
+        targets = self.target_probabilities(tokens, values)
+        loss = weighted_loss(logits, tokens[:, 1:], mask[:, 1:], self.weights, token_count, targets)
         self.optimizer.zero_grad(set_to_none=True)
         # DDP averages the ranks' gradients; each share is already over the global count.
         (loss * self.dist.world_size if self.dist.active else loss).backward()

@@ -4,6 +4,7 @@ score in the environment."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,6 +35,7 @@ class Validation:
     best_validation: tuple[float, int] | None
     validations_since_best: int
     _validation_ids: torch.Tensor | None
+    target_probabilities: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor | None]
 
     def _validation_sample(self) -> torch.Tensor | None:
         """The validation windows scored each time: the same fixed sample throughout a run."""
@@ -48,9 +50,10 @@ class Validation:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Validation loss (weighted as in training) and mean cross-entropy per token kind,
-        over the fixed validation sample, summed over the ranks' parts. Draws no random
-        numbers (dropout is off), so it leaves a run's course unchanged."""
+        """Validation loss (the training loss, its targets and weights) and mean cross-entropy
+        of the tokens per token kind, over the fixed validation sample, summed over the ranks'
+        parts. Draws no random numbers (dropout is off), so it leaves a run's course
+        unchanged."""
         assert self.validation is not None and self._validation_ids is not None
         with self._evaluation_weights():
             return self._validate()
@@ -66,6 +69,11 @@ class Validation:
                 with self._autocast():
                     logits = self.model(tokens[:, :-1], input_values(values))
                 ce = token_cross_entropy(logits, tokens[:, 1:])  # (B, S)
+                # The loss as trained, where its targets are not the tokens themselves.
+                targets = self.target_probabilities(tokens, values)
+                loss = ce
+                if targets is not None:
+                    loss = token_cross_entropy(logits, tokens[:, 1:], targets)
                 mask = mask[:, 1:].to(ce.dtype)
                 kind = self.kinds[: ce.shape[1]].expand_as(ce)
                 sums[:kinds] += torch.zeros(kinds, device=self.device).index_add_(
@@ -74,7 +82,7 @@ class Validation:
                 sums[kinds : 2 * kinds] += torch.bincount(
                     kind.flatten(), weights=mask.flatten(), minlength=kinds
                 )
-                sums[-1] += (ce * self.weights[: ce.shape[1]] * mask).sum()
+                sums[-1] += (loss * self.weights[: ce.shape[1]] * mask).sum()
         finally:
             self.model.train()
         sums = self.dist.sum_(sums).cpu()

@@ -209,11 +209,13 @@ def tiny_gpt(
     seed: int = 0,
     embedding_dim: int = 16,
     value_inputs: bool = False,
+    token_embeddings: bool = True,
 ):
     """A 2-layer, 2-head TrajectoryGPT (16 wide unless told) in eval mode, with seeded random
     weights. With `value_inputs`, seeded random value inputs too: what each token decodes to,
     each dimension's range and normalisation, and a map of values large enough to matter
-    (`set_value_inputs` again for a discretizer's)."""
+    (`set_value_inputs` again for a discretizer's); `token_embeddings=False` drops the
+    tokens' own embeddings."""
     import torch
 
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
@@ -229,6 +231,7 @@ def tiny_gpt(
         embedding_dim=embedding_dim,
         dropout=0.0,
         value_inputs=value_inputs,
+        token_embeddings=token_embeddings,
     )
     model = TrajectoryGPT(config).eval()
     if value_inputs:

@@ -18,9 +18,10 @@ OBS, ACT, N = 3, 2, 9
 T = OBS + ACT + 2
 
 
-def value_model(seed: int = 0) -> tuple[TrajectoryGPT, torch.Tensor]:
-    """A tiny model with value inputs, and what its tokens decode to (T, N), raw."""
-    model = tiny_gpt(OBS, ACT, N, sequence_transitions=4, seed=seed, value_inputs=True)
+def value_model(seed: int = 0, token_embeddings: bool = True) -> tuple[TrajectoryGPT, torch.Tensor]:
+    """A tiny model with value inputs (and the tokens' embeddings, unless told), and what its
+    tokens decode to (T, N), raw."""
+    model = tiny_gpt(OBS, ACT, N, 4, seed, value_inputs=True, token_embeddings=token_embeddings)
     g = torch.Generator().manual_seed(seed)
     decoded = torch.randn(T, N, generator=g).sort(dim=1).values
     loc, scale = torch.randn(T, generator=g), torch.rand(T, generator=g) + 0.5
@@ -108,13 +109,16 @@ def test_value_input_settings_are_checked() -> None:
         model(tokens, torch.zeros(2, T - 1))
 
 
+@pytest.mark.parametrize("token_embeddings", [True, False])
 @pytest.mark.parametrize("path", ["plain", "shared", "shared-native", "static"])
 @torch.no_grad()
-def test_real_context_then_decoded_tokens_equal_the_forward_pass(path: str) -> None:
+def test_real_context_then_decoded_tokens_equal_the_forward_pass(
+    path: str, token_embeddings: bool
+) -> None:
     """A planner's sequence: a context of real values (prefill), then tokens fed back one at a
     time, which carry what they decode to. Every decode path equals the forward pass over the
-    whole sequence with those values spelled out."""
-    model, decoded = value_model()
+    whole sequence with those values spelled out, with the tokens' embeddings or without."""
+    model, decoded = value_model(token_embeddings=token_embeddings)
     rows, groups, context_len = 4, 2, T + OBS
     tokens = random_tokens((rows, model.config.block_size))
     values = decode(decoded, tokens)
@@ -137,3 +141,19 @@ def test_real_context_then_decoded_tokens_equal_the_forward_pass(path: str) -> N
             at = torch.tensor([position]) if path == "static" else position
             logits = step(tokens[:, position], at)
             torch.testing.assert_close(logits, expected[:, position], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_without_token_embeddings_a_token_is_its_value_alone() -> None:
+    model, decoded = value_model(token_embeddings=False)
+    assert model.tok_emb is None
+    tokens = random_tokens((3, model.config.block_size))
+    values = real_values(decoded, tokens.shape)
+    # Other tokens, the same values: the same predictions.
+    torch.testing.assert_close(model(tokens, values), model((tokens + 1) % N, values))
+    assert not torch.allclose(model(tokens, values), model(tokens, values + 0.3))
+
+
+def test_a_model_without_token_embeddings_needs_value_inputs() -> None:
+    with pytest.raises(ValueError, match=r"needs model\.value_inputs=true"):
+        tiny_gpt(OBS, ACT, N, token_embeddings=False)

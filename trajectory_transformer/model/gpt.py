@@ -67,6 +67,12 @@ class GPTConfig:
     carries what it decodes to, the mean of its bin. False is the paper's model: tokens
     alone. The outputs stay categorical either way."""
 
+    token_embeddings: bool = True
+    """With `value_inputs`, False drops the tokens' learned embeddings from the inputs: a token
+    enters by its real value alone (and its position). A lookup per bin lets the model fit
+    the data bin by bin and answer anything off it; a value alone makes every input a smooth
+    function of the state. The outputs stay categorical."""
+
     DATA_FIELDS: typing.ClassVar[tuple[str, ...]] = ("observation_dim", "action_dim", "n_bins")
     """The fields that a dataset and its discretizer fix; the others are the architecture."""
     EXECUTION_FIELDS: typing.ClassVar[tuple[str, ...]] = (
@@ -92,6 +98,11 @@ class GPTConfig:
             raise ValueError(
                 "model.activation_checkpointing must be one of "
                 f"{', '.join(self.CHECKPOINTING_MODES)}; got {self.activation_checkpointing!r}"
+            )
+        if not self.token_embeddings and not self.value_inputs:
+            raise ValueError(
+                "model.token_embeddings=false leaves the model no inputs: it needs "
+                "model.value_inputs=true"
             )
         if self.checkpoint_every_n_layers <= 0:
             raise ValueError(
@@ -199,7 +210,8 @@ class TrajectoryGPT(nn.Module):
         super().__init__()
         self.config = config
         T, N, d = config.transition_dim, config.n_bins, config.embedding_dim
-        self.tok_emb = nn.Embedding(T * N, d)  # one table, offset per dimension
+        # One table, offset per dimension; none where tokens enter by their values alone.
+        self.tok_emb = nn.Embedding(T * N, d) if config.token_embeddings else None
         self.pos_emb = nn.Embedding(config.block_size, d)
         if config.value_inputs:
             # The linear map of a token's normalised value into the stream, one per dimension.
@@ -279,7 +291,8 @@ class TrajectoryGPT(nn.Module):
             return self.tok_emb.weight
         N = self.config.n_bins
         weight = self.value_weight.repeat_interleave(N, dim=0)  # (T * N, d)
-        return self.tok_emb.weight + self.token_inputs.reshape(-1, 1) * weight
+        table = self.token_inputs.reshape(-1, 1) * weight
+        return table if self.tok_emb is None else self.tok_emb.weight + table
 
     def _embed(
         self,
@@ -298,7 +311,8 @@ class TrajectoryGPT(nn.Module):
             )
         dims = offsets // self.config.n_bins  # (S,)
         normalised = self.normalise_values(values, dims)  # (B, S)
-        return self.tok_emb(tokens + offsets) + normalised[..., None] * self.value_weight[dims]
+        embedded = normalised[..., None] * self.value_weight[dims]
+        return embedded if self.tok_emb is None else self.tok_emb(tokens + offsets) + embedded
 
     # --- trunk and heads ------------------------------------------------------------------
 

@@ -149,7 +149,10 @@ def add(args: argparse.Namespace) -> Path:
         "dataset": name,
         "dataset_fingerprint": dataset.get("fingerprint"),
         "training": {
-            "command": " ".join(["tt-train", *overrides_of(run_dir)]),
+            # A resumed run trains as the uninterrupted one: its resume= is not the recipe.
+            "command": shlex.join(
+                ["tt-train", *(o for o in overrides_of(run_dir) if not o.startswith("resume="))]
+            ),
             "commit": args.commit or commit_of_checkout(),
             "wall_seconds": round(training.get("elapsed_seconds", float("nan")), 1),
             "steps": training.get("step"),

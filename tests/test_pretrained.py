@@ -38,7 +38,8 @@ def pretrained(tmp_path, tiny_dataset, monkeypatch):
     `TT_PRETRAINED_DIR` names; returns (that folder, the run's model.pt)."""
     run = tmp_path / "run"
     model = untrained_checkpoint(run / "model.pt", "test/tiny-v0")
-    hydra_run(run, ["dataset.id=test/tiny-v0", "seed=0"])
+    # Resumed once: the same training, so the recipe leaves its resume= out.
+    hydra_run(run, ["dataset.id=test/tiny-v0", "seed=0", f"resume={run}/checkpoint.pt"])
     scores = {"normalized_score_mean": 41.234, "normalized_score_stderr": 2.5, "returns": [1, 2]}
     small = ["eval.episodes=2", "eval.max_episode_steps=10", "eval.progress=false", "device=cpu"]
     searched = ["planner.horizon=2", "planner.beam_width=3", "planner.context_transitions=2"]

@@ -144,6 +144,10 @@ def add(args: argparse.Namespace) -> Path:
     file = name.replace("/", "-") + ".pt"
     path = save_atomic(stored, out / file)
     training = payload.get("training") or {}
+    # The run's whole wall time: the weights may be an earlier step's (the best validation),
+    # and the run went on until its stopping rule could tell.
+    last = run_dir / "checkpoint.pt"
+    run_state = (read_payload(last).get("training") or {}) if last.is_file() else training
     entry = {
         "file": file,
         "dataset": name,
@@ -154,8 +158,9 @@ def add(args: argparse.Namespace) -> Path:
                 ["tt-train", *(o for o in overrides_of(run_dir) if not o.startswith("resume="))]
             ),
             "commit": args.commit or commit_of_checkout(),
-            "wall_seconds": round(training.get("elapsed_seconds", float("nan")), 1),
-            "steps": training.get("step"),
+            "wall_seconds": round(run_state.get("elapsed_seconds", float("nan")), 1),
+            "steps": run_state.get("step"),
+            "steps_of_weights": training.get("step"),
             "weights_of": training.get("weights_of"),
             "machine": args.machine,
         },

@@ -210,12 +210,13 @@ def tiny_gpt(
     embedding_dim: int = 16,
     value_inputs: bool = False,
     token_embeddings: bool = True,
+    value_embedding: str = "linear",
 ):
     """A 2-layer, 2-head TrajectoryGPT (16 wide unless told) in eval mode, with seeded random
     weights. With `value_inputs`, seeded random value inputs too: what each token decodes to,
     each dimension's range and normalisation, and a map of values large enough to matter
     (`set_value_inputs` again for a discretizer's); `token_embeddings=False` drops the
-    tokens' own embeddings."""
+    tokens' own embeddings; `value_embedding` is the config's."""
     import torch
 
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
@@ -232,6 +233,7 @@ def tiny_gpt(
         dropout=0.0,
         value_inputs=value_inputs,
         token_embeddings=token_embeddings,
+        value_embedding=value_embedding,
     )
     model = TrajectoryGPT(config).eval()
     if value_inputs:

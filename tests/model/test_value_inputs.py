@@ -18,10 +18,21 @@ OBS, ACT, N = 3, 2, 9
 T = OBS + ACT + 2
 
 
-def value_model(seed: int = 0, token_embeddings: bool = True) -> tuple[TrajectoryGPT, torch.Tensor]:
+def value_model(
+    seed: int = 0, token_embeddings: bool = True, value_embedding: str = "linear"
+) -> tuple[TrajectoryGPT, torch.Tensor]:
     """A tiny model with value inputs (and the tokens' embeddings, unless told), and what its
     tokens decode to (T, N), raw."""
-    model = tiny_gpt(OBS, ACT, N, 4, seed, value_inputs=True, token_embeddings=token_embeddings)
+    model = tiny_gpt(
+        OBS,
+        ACT,
+        N,
+        4,
+        seed,
+        value_inputs=True,
+        token_embeddings=token_embeddings,
+        value_embedding=value_embedding,
+    )
     g = torch.Generator().manual_seed(seed)
     decoded = torch.randn(T, N, generator=g).sort(dim=1).values
     loc, scale = torch.randn(T, generator=g), torch.rand(T, generator=g) + 0.5
@@ -109,16 +120,18 @@ def test_value_input_settings_are_checked() -> None:
         model(tokens, torch.zeros(2, T - 1))
 
 
-@pytest.mark.parametrize("token_embeddings", [True, False])
+@pytest.mark.parametrize(
+    "token_embeddings, value_embedding", [(True, "linear"), (False, "linear"), (True, "periodic")]
+)
 @pytest.mark.parametrize("path", ["plain", "shared", "shared-native", "static"])
 @torch.no_grad()
 def test_real_context_then_decoded_tokens_equal_the_forward_pass(
-    path: str, token_embeddings: bool
+    path: str, token_embeddings: bool, value_embedding: str
 ) -> None:
     """A planner's sequence: a context of real values (prefill), then tokens fed back one at a
     time, which carry what they decode to. Every decode path equals the forward pass over the
     whole sequence with those values spelled out, with the tokens' embeddings or without."""
-    model, decoded = value_model(token_embeddings=token_embeddings)
+    model, decoded = value_model(token_embeddings=token_embeddings, value_embedding=value_embedding)
     rows, groups, context_len = 4, 2, T + OBS
     tokens = random_tokens((rows, model.config.block_size))
     values = decode(decoded, tokens)
@@ -157,3 +170,21 @@ def test_without_token_embeddings_a_token_is_its_value_alone() -> None:
 def test_a_model_without_token_embeddings_needs_value_inputs() -> None:
     with pytest.raises(ValueError, match=r"needs model\.value_inputs=true"):
         tiny_gpt(OBS, ACT, N, token_embeddings=False)
+
+
+@torch.no_grad()
+def test_a_periodic_value_embedding_turns_with_the_value() -> None:
+    """`value_embedding=periodic`: a value's vector is a ReLU of a linear map of its sines and
+    cosines, spelled out here; two values' vectors differ in direction, not only length."""
+    model, _ = value_model(value_embedding="periodic")
+    dims = torch.tensor([0, 0])
+    values = torch.tensor([0.3, -0.6])
+    got = model.value_vectors(values, dims)
+    angles = 2 * torch.pi * values[:, None] * model.value_frequencies[0]
+    features = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    expected = torch.relu(features @ model.value_weight[0] + model.value_bias[0])
+    torch.testing.assert_close(got, expected)
+    cosine = torch.nn.functional.cosine_similarity(got[0], got[1], dim=0)
+    assert cosine < 0.99
+    with pytest.raises(ValueError, match=r"model\.value_embedding must be one of"):
+        tiny_gpt(OBS, ACT, N, value_inputs=True, value_embedding="fourier")

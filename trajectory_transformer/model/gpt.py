@@ -67,12 +67,21 @@ class GPTConfig:
     carries what it decodes to, the mean of its bin. False is the paper's model: tokens
     alone. The outputs stay categorical either way."""
 
+    value_embedding: str = "linear"
+    """With `value_inputs`, how a token's normalised value becomes a vector: `linear`, the
+    value times a learned vector per dimension; `periodic`, sines and cosines of the value at
+    learned frequencies, then a learned linear map and a ReLU, per dimension (Gorishniy et
+    al. 2022's PLR embeddings), so that the vector's direction, not only its length, follows
+    the value: the blocks' layer norms keep a direction and rescale a length."""
     token_embeddings: bool = True
     """With `value_inputs`, False drops the tokens' learned embeddings from the inputs: a token
     enters by its real value alone (and its position). A lookup per bin lets the model fit
     the data bin by bin and answer anything off it; a value alone makes every input a smooth
     function of the state. The outputs stay categorical."""
 
+    VALUE_EMBEDDINGS: typing.ClassVar[tuple[str, ...]] = ("linear", "periodic")
+    PERIODIC_FREQUENCIES: typing.ClassVar[int] = 16
+    """Frequencies per dimension of `value_embedding=periodic`."""
     DATA_FIELDS: typing.ClassVar[tuple[str, ...]] = ("observation_dim", "action_dim", "n_bins")
     """The fields that a dataset and its discretizer fix; the others are the architecture."""
     EXECUTION_FIELDS: typing.ClassVar[tuple[str, ...]] = (
@@ -98,6 +107,11 @@ class GPTConfig:
             raise ValueError(
                 "model.activation_checkpointing must be one of "
                 f"{', '.join(self.CHECKPOINTING_MODES)}; got {self.activation_checkpointing!r}"
+            )
+        if self.value_embedding not in self.VALUE_EMBEDDINGS:
+            raise ValueError(
+                f"model.value_embedding must be one of {', '.join(self.VALUE_EMBEDDINGS)}; "
+                f"got {self.value_embedding!r}"
             )
         if not self.token_embeddings and not self.value_inputs:
             raise ValueError(
@@ -215,7 +229,13 @@ class TrajectoryGPT(nn.Module):
         self.pos_emb = nn.Embedding(config.block_size, d)
         if config.value_inputs:
             # The linear map of a token's normalised value into the stream, one per dimension.
-            self.value_weight = nn.Parameter(torch.empty(T, d))
+            if config.value_embedding == "linear":
+                self.value_weight = nn.Parameter(torch.empty(T, d))
+            else:  # periodic: frequencies, then a linear map of their sines and cosines
+                K = config.PERIODIC_FREQUENCIES
+                self.value_frequencies = nn.Parameter(torch.empty(T, K))
+                self.value_weight = nn.Parameter(torch.empty(T, 2 * K, d))
+                self.value_bias = nn.Parameter(torch.zeros(T, d))
             # How each dimension's values are normalised, and what each token decodes to
             # (normalised): set from the discretizer with `set_value_inputs`, saved with the
             # weights. Until then values pass unchanged and tokens decode to 0.
@@ -239,6 +259,8 @@ class TrajectoryGPT(nn.Module):
         nn.init.normal_(self.head_weight, mean=0.0, std=0.02)
         if config.value_inputs:
             nn.init.normal_(self.value_weight, mean=0.0, std=0.02)
+            if config.value_embedding == "periodic":
+                nn.init.normal_(self.value_frequencies, mean=0.0, std=1.0)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # GPT-2's scaled init of residual projections
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
@@ -289,10 +311,20 @@ class TrajectoryGPT(nn.Module):
         of its decoded value included. The decode paths read their embeddings from it."""
         if not self.config.value_inputs:
             return self.tok_emb.weight
-        N = self.config.n_bins
-        weight = self.value_weight.repeat_interleave(N, dim=0)  # (T * N, d)
-        table = self.token_inputs.reshape(-1, 1) * weight
+        T, N = self.config.transition_dim, self.config.n_bins
+        dims = torch.arange(T, device=self.token_inputs.device).repeat_interleave(N)
+        table = self.value_vectors(self.token_inputs.reshape(1, -1), dims)[0]  # (T * N, d)
         return table if self.tok_emb is None else self.tok_emb.weight + table
+
+    def value_vectors(self, normalised: torch.Tensor, dims: torch.Tensor) -> torch.Tensor:
+        """The input vectors (..., S, d) of normalised values (..., S) of dimensions `dims`
+        (S,) (`value_embedding`)."""
+        if self.config.value_embedding == "linear":
+            return normalised[..., None] * self.value_weight[dims]
+        angles = 2 * math.pi * normalised[..., None] * self.value_frequencies[dims]  # (.., S, K)
+        features = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (..., S, 2K)
+        mapped = torch.einsum("...sk,skd->...sd", features, self.value_weight[dims])
+        return F.relu(mapped + self.value_bias[dims])
 
     def _embed(
         self,
@@ -311,7 +343,7 @@ class TrajectoryGPT(nn.Module):
             )
         dims = offsets // self.config.n_bins  # (S,)
         normalised = self.normalise_values(values, dims)  # (B, S)
-        embedded = normalised[..., None] * self.value_weight[dims]
+        embedded = self.value_vectors(normalised, dims)
         return embedded if self.tok_emb is None else self.tok_emb(tokens + offsets) + embedded
 
     # --- trunk and heads ------------------------------------------------------------------

@@ -21,8 +21,9 @@ def rejected(capsys, config: str, *overrides: str) -> str:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("trainer.learning_rate=-1", "learning_rate must be a finite number >= 0, got -1.0"),
-        ("trainer.learning_rate=nan", "learning_rate must be a finite number >= 0, got nan"),
+        ("trainer.learning_rate=-1", "learning_rate must be a number >= 0 within float32's range"),
+        ("trainer.learning_rate=nan", "learning_rate must be a number >= 0 within float32's r"),
+        ("trainer.learning_rate=1e39", "learning_rate must be a number >= 0 within float32's r"),
         ("model.n_layer=0", "model.n_layer must be positive, got 0"),
         ("dataset.n_bins=1", "dataset.n_bins must be in [2, 65536], got 1"),
         ("model.embedding_dim=30", "must be divisible by"),

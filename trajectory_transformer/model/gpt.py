@@ -228,7 +228,8 @@ class TrajectoryGPT(nn.Module):
         self.tok_emb = nn.Embedding(T * N, d) if config.token_embeddings else None
         self.pos_emb = nn.Embedding(config.block_size, d)
         if config.value_inputs:
-            # The linear map of a token's normalised value into the stream, one per dimension.
+            # The map of a token's normalised value into the stream (`value_vectors`), one
+            # per dimension.
             if config.value_embedding == "linear":
                 self.value_weight = nn.Parameter(torch.empty(T, d))
             else:  # periodic: frequencies, then a linear map of their sines and cosines

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 TOKEN_KINDS = ("observation", "action", "reward", "value")
 
 
+def target_dims(model: TrajectoryGPT) -> torch.Tensor:
+    """Transition dimension of each target position of a block (block_size - 1,)."""
+    return torch.arange(1, model.config.block_size) % model.config.transition_dim
+
+
 def loss_weights(model: TrajectoryGPT, cfg: TrainerConfig) -> torch.Tensor:
     """Weight of each target position of a block (block_size - 1,), by the target's dimension."""
     mc = model.config
@@ -26,15 +31,14 @@ def loss_weights(model: TrajectoryGPT, cfg: TrainerConfig) -> torch.Tensor:
         + [cfg.action_weight] * mc.action_dim
         + [cfg.reward_weight, cfg.value_weight]
     )
-    target_dims = torch.arange(1, mc.block_size) % mc.transition_dim
-    return per_dim[target_dims]
+    return per_dim[target_dims(model)]
 
 
 def token_kinds(model: TrajectoryGPT) -> torch.Tensor:
     """Kind of each target position of a block (block_size - 1,): an index into TOKEN_KINDS."""
     mc = model.config
     per_dim = torch.tensor([0] * mc.observation_dim + [1] * mc.action_dim + [2, 3])
-    return per_dim[torch.arange(1, mc.block_size) % mc.transition_dim]
+    return per_dim[target_dims(model)]
 
 
 class GaussianTargets:

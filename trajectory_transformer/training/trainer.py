@@ -33,6 +33,7 @@ from trajectory_transformer.training.loss import (
     GaussianTargets,
     input_values,
     loss_weights,
+    target_dims,
     token_kinds,
     weighted_loss,
 )
@@ -275,12 +276,12 @@ class Trainer(ScheduleState, ResumableState, Validation):
         self.forward = self._training_forward(model)
         self.weights = loss_weights(model, cfg).to(self.device)
         self.kinds = token_kinds(model).to(self.device)
+        self.target_dims = target_dims(model).to(self.device)
         self.gaussian_targets = None
         if cfg.target_sigma > 0:
-            sigma, device = cfg.target_sigma, self.device
-            self.gaussian_targets = GaussianTargets(windows.discretizer, sigma, device)
-        T = model.config.transition_dim
-        self.target_dims = (torch.arange(1, model.config.block_size) % T).to(self.device)
+            self.gaussian_targets = GaussianTargets(
+                windows.discretizer, cfg.target_sigma, self.device
+            )
         self.epochs, self.total_steps = planned_steps(cfg, len(windows))
         self.steps_per_epoch = math.ceil(len(windows) / cfg.batch_size)
         self.tokens_per_window = model.config.block_size - 1

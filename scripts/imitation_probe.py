@@ -27,13 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import importlib.util
-import json
 import os
-import platform
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -179,24 +174,14 @@ def play(act, decoding: str, env_id: str, info, episodes: int, seed: int) -> tup
 
 
 def write_record(name: str, rows: list[list[str]], dataset: str, data_score: float) -> Path:
+    """The table as the results record `name` (docs/results/records/<name>.json)."""
     spec = importlib.util.spec_from_file_location(
         "render_results", ROOT / "scripts" / "render_results.py"
     )
     render_results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render_results)
-    path = ROOT / "docs" / "results" / "records" / f"{name}.json"
-    record = {"title": f"What limits imitation on {dataset}", "page": ""}
-    if path.is_file():  # a re-measurement keeps what the record says of itself
-        kept = json.loads(path.read_text())
-        record.update({k: v for k, v in kept.items() if k in ("title", "page")})
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    record["provenance"] = {
-        "commands": [shlex.join(["python", "scripts/imitation_probe.py", *sys.argv[1:]])],
-        "machines": [f"{cores}-core {platform.machine()} CPU, {platform.system()}"],
-        "dates": [datetime.date.today().isoformat()],
-    }
-    record["note"] = f"The data's own score: {data_score:.1f}."
-    record["columns"] = [
+    path = render_results.RECORDS / f"{name}.json"
+    columns = [
         "inputs",
         "action output",
         "targets",
@@ -205,9 +190,9 @@ def write_record(name: str, rows: list[list[str]], dataset: str, data_score: flo
         "mean action",
         "sampled action",
     ]
-    record["rows"] = rows
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_results.format_record(record))
+    note = f"The data's own score: {data_score:.1f}."
+    title = f"What limits imitation on {dataset}"
+    render_results.write_measured(path, title, "imitation_probe.py", note, columns, rows)
     return path
 
 

@@ -44,9 +44,13 @@ a figure, change its record (scripts/results_table.py --record writes one) and r
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
+import os
+import platform
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -88,6 +92,29 @@ def format_record(record: dict) -> str:
     text = json.dumps(head, indent=2, ensure_ascii=False)[:-2]
     rows = ",\n".join(f"    {json.dumps(row, ensure_ascii=False)}" for row in record["rows"])
     return f'{text},\n  "rows": [\n{rows}\n  ]\n}}\n'
+
+
+def write_measured(
+    path: Path, title: str, script: str, note: str, columns: list[str], rows: list[list]
+) -> None:
+    """Write the record at `path` as measured now by `script` (scripts/<script>, with this
+    process's arguments): its command, this machine's cores, today's date. A record already
+    there keeps its own title and page."""
+    record = {"title": title}
+    if path.is_file():  # a re-measurement keeps what the record says of itself
+        kept = json.loads(path.read_text())
+        record.update({key: value for key, value in kept.items() if key in ("title", "page")})
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    record["provenance"] = {
+        "commands": [shlex.join(["python", f"scripts/{script}", *sys.argv[1:]])],
+        "machines": [f"{cores}-core {platform.machine()} CPU, {platform.system()}"],
+        "dates": [datetime.date.today().isoformat()],
+    }
+    record["note"] = note
+    record["columns"] = columns
+    record["rows"] = rows
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(format_record(record))
 
 
 def _find(names: list[str], wanted: str | int, what: str, name: str) -> int:

@@ -26,12 +26,8 @@ score in the evaluation env, which its metadata records, and the table says so.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import json
-import os
-import platform
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -159,22 +155,8 @@ def write_record(path: Path, columns: list[str], rows: list[list[str]], note: st
     )
     render_results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(render_results)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    record = {"title": "Planner against behaviour cloning and the data"}
-    if path.is_file():  # a re-measurement keeps what the record says of itself
-        record.update(
-            {k: v for k, v in json.loads(path.read_text()).items() if k in ("title", "page")}
-        )
-    record["provenance"] = {
-        "commands": [shlex.join(["python", "scripts/results_table.py", *sys.argv[1:]])],
-        "machines": [f"{cores}-core {platform.machine()} CPU, {platform.system()}"],
-        "dates": [datetime.date.today().isoformat()],
-    }
-    record["note"] = note
-    record["columns"] = columns
-    record["rows"] = rows
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_results.format_record(record))
+    title = "Planner against behaviour cloning and the data"
+    render_results.write_measured(path, title, "results_table.py", note, columns, rows)
 
 
 def main() -> None:

@@ -211,12 +211,14 @@ def tiny_gpt(
     value_inputs: bool = False,
     token_embeddings: bool = True,
     value_embedding: str = "linear",
+    observation_vector: bool = False,
 ):
     """A 2-layer, 2-head TrajectoryGPT (16 wide unless told) in eval mode, with seeded random
     weights. With `value_inputs`, seeded random value inputs too: what each token decodes to,
     each dimension's range and normalisation, and a map of values large enough to matter
     (`set_value_inputs` again for a discretizer's); `token_embeddings=False` drops the
-    tokens' own embeddings; `value_embedding` is the config's."""
+    tokens' own embeddings; `value_embedding` and `observation_vector` are the config's (the
+    observation's map, too, large enough to matter)."""
     import torch
 
     from trajectory_transformer.model import GPTConfig, TrajectoryGPT
@@ -234,6 +236,7 @@ def tiny_gpt(
         value_inputs=value_inputs,
         token_embeddings=token_embeddings,
         value_embedding=value_embedding,
+        observation_vector=observation_vector,
     )
     model = TrajectoryGPT(config).eval()
     if value_inputs:
@@ -243,6 +246,8 @@ def tiny_gpt(
         model.set_value_inputs(decoded, low, high, torch.randn(T), torch.rand(T) + 0.5)
         with torch.no_grad():
             model.value_weight.normal_(0.0, 0.5)
+            if observation_vector:
+                model.observation_map.weight.normal_(0.0, 0.5)
     return model
 
 

@@ -190,7 +190,7 @@ def greedy_plan(path: Path):
 def test_a_model_with_value_inputs_round_trips_with_its_normalisation(tmp_path):
     path = trained_checkpoint(tmp_path / "checkpoint.pt", value_inputs=True)
     payload = torch.load(path, weights_only=True)
-    assert payload["format_version"] == 3 and payload["model_config"]["value_inputs"]
+    assert payload["format_version"] == 4 and payload["model_config"]["value_inputs"]
     loaded = load_checkpoint(path)
     discretizer = loaded.discretizer
     assert discretizer.mean is not None and discretizer.std is not None
@@ -203,6 +203,21 @@ def test_a_model_with_value_inputs_round_trips_with_its_normalisation(tmp_path):
     assert torch.equal(model.token_inputs, expected)
     first, second = greedy_plan(path), greedy_plan(path)
     assert torch.equal(first.tokens, second.tokens)
+
+
+def test_a_format_3_checkpoint_loads_and_plans_as_before(tmp_path):
+    """Format 3 knew value inputs, but no observation vector: it loads without one."""
+    path = trained_checkpoint(tmp_path / "checkpoint.pt", value_inputs=True)
+    before = greedy_plan(path)
+    payload = torch.load(path, weights_only=True)
+    payload["format_version"] = 3
+    del payload["model_config"]["observation_vector"]
+    old = save_atomic(payload, tmp_path / "old" / "checkpoint.pt")
+    loaded = load_checkpoint(old)
+    assert loaded.model.config.value_inputs and not loaded.model.config.observation_vector
+    after = greedy_plan(old)
+    assert torch.equal(after.tokens, before.tokens)
+    assert torch.equal(after.scores, before.scores)
 
 
 def test_a_format_2_checkpoint_loads_resumes_and_plans_as_before(tmp_path):

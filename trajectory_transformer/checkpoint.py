@@ -23,12 +23,14 @@ from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
-FORMAT_VERSION = 3
-"""3: the model may take real values as inputs (`value_inputs`, with its normalisation in the
+FORMAT_VERSION = 4
+"""4: the model may take the whole observation as one more input (`observation_vector`), and
+its value inputs may come without the tokens' embeddings or through a periodic embedding;
+3: the model may take real values as inputs (`value_inputs`, with its normalisation in the
 weights) and the discretizer stores its data's mean and standard deviation; 2: the
 discretizer stores what each token decodes to (bin means); 1: edges only (midpoints).
-Older formats load as they were trained: tokens alone."""
-READABLE_FORMATS = (1, 2, 3)
+Older formats load as they were trained, the fields they lack at their defaults."""
+READABLE_FORMATS = (1, 2, 3, 4)
 
 
 class CheckpointError(ValueError):

@@ -19,7 +19,10 @@ T = OBS + ACT + 2
 
 
 def value_model(
-    seed: int = 0, token_embeddings: bool = True, value_embedding: str = "linear"
+    seed: int = 0,
+    token_embeddings: bool = True,
+    value_embedding: str = "linear",
+    observation_vector: bool = False,
 ) -> tuple[TrajectoryGPT, torch.Tensor]:
     """A tiny model with value inputs (and the tokens' embeddings, unless told), and what its
     tokens decode to (T, N), raw."""
@@ -32,6 +35,7 @@ def value_model(
         value_inputs=True,
         token_embeddings=token_embeddings,
         value_embedding=value_embedding,
+        observation_vector=observation_vector,
     )
     g = torch.Generator().manual_seed(seed)
     decoded = torch.randn(T, N, generator=g).sort(dim=1).values
@@ -121,17 +125,29 @@ def test_value_input_settings_are_checked() -> None:
 
 
 @pytest.mark.parametrize(
-    "token_embeddings, value_embedding", [(True, "linear"), (False, "linear"), (True, "periodic")]
+    "token_embeddings, value_embedding, observation_vector",
+    [
+        (True, "linear", False),
+        (False, "linear", False),
+        (True, "periodic", False),
+        (True, "linear", True),
+        (False, "linear", True),
+    ],
 )
 @pytest.mark.parametrize("path", ["plain", "shared", "shared-native", "static"])
 @torch.no_grad()
 def test_real_context_then_decoded_tokens_equal_the_forward_pass(
-    path: str, token_embeddings: bool, value_embedding: str
+    path: str, token_embeddings: bool, value_embedding: str, observation_vector: bool
 ) -> None:
     """A planner's sequence: a context of real values (prefill), then tokens fed back one at a
     time, which carry what they decode to. Every decode path equals the forward pass over the
-    whole sequence with those values spelled out, with the tokens' embeddings or without."""
-    model, decoded = value_model(token_embeddings=token_embeddings, value_embedding=value_embedding)
+    whole sequence with those values spelled out, with the tokens' embeddings or without, and
+    with the observation vector, each step given its transition's."""
+    model, decoded = value_model(
+        token_embeddings=token_embeddings,
+        value_embedding=value_embedding,
+        observation_vector=observation_vector,
+    )
     rows, groups, context_len = 4, 2, T + OBS
     tokens = random_tokens((rows, model.config.block_size))
     values = decode(decoded, tokens)
@@ -152,7 +168,12 @@ def test_real_context_then_decoded_tokens_equal_the_forward_pass(
         step = model.static_decoder(cache) if path == "static" else model.decoder(cache)
         for position in range(context_len, context_len + 2 * T):
             at = torch.tensor([position]) if path == "static" else position
-            logits = step(tokens[:, position], at)
+            observation = None
+            if observation_vector:  # the vector of the position's transition
+                first = position // T * T
+                span = slice(first, first + OBS)
+                observation = model.observation_vectors(tokens[:, span], values[:, span])
+            logits = step(tokens[:, position], at, observation)
             torch.testing.assert_close(logits, expected[:, position], atol=1e-5, rtol=0)
 
 
@@ -188,3 +209,63 @@ def test_a_periodic_value_embedding_turns_with_the_value() -> None:
     assert cosine < 0.99
     with pytest.raises(ValueError, match=r"model\.value_embedding must be one of"):
         tiny_gpt(OBS, ACT, N, value_inputs=True, value_embedding="fourier")
+
+
+@torch.no_grad()
+def test_the_observation_vector_enters_from_the_last_observation_token_on() -> None:
+    """`observation_vector`: each token from its transition's last observation token to its
+    value token takes the map of its transition's whole observation (normalised values);
+    the observation's other tokens take nothing. Spelled out per position; a span that
+    starts inside a transition takes the vector it is given for that transition."""
+    model, decoded = value_model(observation_vector=True)
+    tokens = random_tokens((2, model.config.block_size))
+    values = real_values(decoded, tokens.shape)
+    dims = torch.arange(OBS)
+    expected = torch.zeros(*tokens.shape, model.config.embedding_dim)
+    for p in range(tokens.shape[1]):
+        if p % T >= OBS - 1:
+            first = p // T * T
+            normalised = model.normalise_values(values[:, first : first + OBS], dims)
+            expected[:, p] = normalised @ model.observation_map.weight.T
+            expected[:, p] += model.observation_map.bias
+    got = model._span_observation_vectors(tokens, 0, values, None)
+    torch.testing.assert_close(got, expected)
+    start = T + 2  # inside the second transition: its vector is given
+    given = torch.randn(2, model.config.embedding_dim)
+    later = model._span_observation_vectors(tokens[:, start:], start, values[:, start:], given)
+    torch.testing.assert_close(later[:, : T - 2], given[:, None].expand(-1, T - 2, -1))
+    torch.testing.assert_close(later[:, T - 2 :], expected[:, 2 * T :])
+    with pytest.raises(ValueError, match="need its observation vector"):
+        model._span_observation_vectors(tokens[:, start:], start, values[:, start:], None)
+
+
+def test_with_the_observation_vector_a_value_changes_its_own_and_later_predictions_only() -> None:
+    model, decoded = value_model(observation_vector=True)
+    tokens = random_tokens((1, 2 * T))
+    values = real_values(decoded, tokens.shape).requires_grad_()
+    logits = model(tokens, values)
+    for p in range(tokens.shape[1]):
+        (gradient,) = torch.autograd.grad(logits[0, p].sum(), values, retain_graph=True)
+        assert torch.equal(gradient[0, p + 1 :], torch.zeros_like(gradient[0, p + 1 :])), p
+
+
+@pytest.mark.parametrize("path", ["plain", "shared-native", "static"])
+@torch.no_grad()
+def test_a_decode_step_without_its_observation_vector_is_refused(path: str) -> None:
+    model, decoded = value_model(observation_vector=True)
+    context = random_tokens((1, T + OBS))
+    if path == "plain":
+        cache = model.new_cache(1)
+    else:
+        cache = model.new_shared_prefix_cache(1, 1, 1, T + OBS, T)
+    model.prefill(context, cache, values=real_values(decoded, context.shape))
+    with native.native_kernels(path == "shared-native"):
+        step = model.static_decoder(cache) if path == "static" else model.decoder(cache)
+        at = torch.tensor([T + OBS]) if path == "static" else T + OBS
+        with pytest.raises(ValueError, match="needs its transition's observation vector"):
+            step(torch.zeros(1, dtype=torch.long), at)
+
+
+def test_the_observation_vector_needs_value_inputs() -> None:
+    with pytest.raises(ValueError, match=r"needs model\.value_inputs=true"):
+        tiny_gpt(OBS, ACT, N, observation_vector=True)

@@ -26,8 +26,17 @@ def tiny_model(
     n_bins: int = N,
     scale: float = 8.0,
     value_inputs: bool = False,
+    observation_vector: bool = False,
 ) -> TrajectoryGPT:
-    model = tiny_gpt(OBS, ACT, n_bins, sequence_transitions, seed, value_inputs=value_inputs)
+    model = tiny_gpt(
+        OBS,
+        ACT,
+        n_bins,
+        sequence_transitions,
+        seed,
+        value_inputs=value_inputs,
+        observation_vector=observation_vector,
+    )
     with torch.no_grad():  # larger weights than the init, so that beams and tokens differ
         for p in model.parameters():
             p.mul_(scale)
@@ -121,11 +130,15 @@ def test_greedy_planner_equals_naive_with_mixed_and_cropped_histories(
     assert plan.tokens.device.type == device
 
 
-@pytest.mark.parametrize("value_inputs", [False, True])
-def test_greedy_planner_with_the_fused_step_equals_naive(fused_device, value_inputs):
+@pytest.mark.parametrize(
+    "value_inputs, observation_vector", [(False, False), (True, False), (True, True)]
+)
+def test_greedy_planner_with_the_fused_step_equals_naive(
+    fused_device, value_inputs, observation_vector
+):
     # On CUDA the whole search is captured around the fused step.
     disc = tiny_discretizer()
-    model = tiny_model(value_inputs=value_inputs)
+    model = tiny_model(value_inputs=value_inputs, observation_vector=observation_vector)
     if value_inputs:
         set_discretizer_values(model, disc)
     planner = BeamPlanner(
@@ -150,15 +163,18 @@ def test_greedy_planner_with_the_fused_step_equals_naive(fused_device, value_inp
     assert_same_plan(plan, reference)
 
 
+@pytest.mark.parametrize("observation_vector", [False, True])
 @pytest.mark.parametrize("device, decode, cuda_graph", PLANNER_PATHS)
 def test_a_planner_with_value_inputs_equals_naive_given_the_real_context(
-    device, decode, cuda_graph
+    device, decode, cuda_graph, observation_vector
 ):
     """The context carries the real values seen (the observations, the actions played, the
     rewards); every token the search feeds back carries what it decodes to, which the naive
-    reference appends beside it."""
+    reference appends beside it. With the observation vector, each planned transition's is
+    that of its decoded observation, the current one's that of the real observation."""
     disc = tiny_discretizer()
-    model = set_discretizer_values(tiny_model(value_inputs=True), disc)
+    model = tiny_model(value_inputs=True, observation_vector=observation_vector)
+    model = set_discretizer_values(model, disc)
     settings = dict(deterministic=True, decode=decode, cuda_graph=cuda_graph, **SMALL)
     planner = BeamPlanner(model, disc, device=device, **settings)
     planner.reset(3)

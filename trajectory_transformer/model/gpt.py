@@ -78,6 +78,13 @@ class GPTConfig:
     enters by its real value alone (and its position). A lookup per bin lets the model fit
     the data bin by bin and answer anything off it; a value alone makes every input a smooth
     function of the state. The outputs stay categorical."""
+    observation_vector: bool = False
+    """With `value_inputs`, the whole observation as one more input: its normalised values
+    (real, or what its tokens decode to) through a learned linear map, added to the inputs of
+    its transition's last observation token and of every token after it in the transition
+    (the tokens that predict the actions, the reward and the value). Without it, attention
+    must assemble the observation from its separate tokens at every layer; with it, the
+    tokens that choose the action start from the whole state, as a policy network does."""
 
     VALUE_EMBEDDINGS: typing.ClassVar[tuple[str, ...]] = ("linear", "periodic")
     PERIODIC_FREQUENCIES: typing.ClassVar[int] = 16
@@ -117,6 +124,11 @@ class GPTConfig:
             raise ValueError(
                 "model.token_embeddings=false leaves the model no inputs: it needs "
                 "model.value_inputs=true"
+            )
+        if self.observation_vector and not self.value_inputs:
+            raise ValueError(
+                "model.observation_vector=true reads the observation's normalised values: it "
+                "needs model.value_inputs=true"
             )
         if self.checkpoint_every_n_layers <= 0:
             raise ValueError(
@@ -220,6 +232,11 @@ class Block(nn.Module):
 
 
 class TrajectoryGPT(nn.Module):
+    OBSERVATION_VECTOR_NEEDED = (
+        "a decode step of a model with model.observation_vector=true needs its transition's "
+        "observation vector (`observation`, from `observation_vectors`)"
+    )
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
@@ -245,6 +262,13 @@ class TrajectoryGPT(nn.Module):
             self.register_buffer("input_loc", torch.zeros(T))
             self.register_buffer("input_scale", torch.ones(T))
             self.register_buffer("token_inputs", torch.zeros(T, N))
+        if config.observation_vector:
+            O = config.observation_dim  # noqa: E741
+            self.observation_map = nn.Linear(O, d)
+            # 1 at the positions that take their transition's observation vector: the last
+            # observation token and everything after it in the transition.
+            dims = torch.arange(config.block_size) % T
+            self.register_buffer("observation_positions", (dims >= O - 1).float(), persistent=False)
         self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layer)])
         self.ln_f = nn.LayerNorm(d)
@@ -347,6 +371,51 @@ class TrajectoryGPT(nn.Module):
         embedded = self.value_vectors(normalised, dims)
         return embedded if self.tok_emb is None else self.tok_emb(tokens + offsets) + embedded
 
+    def observation_vectors(
+        self, tokens: torch.Tensor, values: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The observation vectors (..., d) of observations (..., O) (`observation_vector`):
+        their tokens with their real `values`, or (None) what the tokens decode to. A decode
+        step takes its transition's as `observation`."""
+        dims = self.token_offsets[: self.config.observation_dim] // self.config.n_bins
+        if values is None:
+            normalised = self.token_inputs[dims, tokens]
+        else:
+            normalised = self.normalise_values(values, dims)
+        return self.observation_map(normalised)
+
+    def _span_observation_vectors(
+        self,
+        tokens: torch.Tensor,
+        start: int,
+        values: torch.Tensor | None,
+        observation: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The observation vectors (B, S, d) that tokens (B, S) at [start, start+S) take: each
+        transition's own from its observation tokens; a transition the span enters past its
+        first token takes `observation` (B, d), its vector computed before."""
+        B, S = tokens.shape
+        T, O = self.config.transition_dim, self.config.observation_dim  # noqa: E741
+        lead = start % T
+        n = -(-(lead + S) // T)  # transitions the span touches
+        dims = self.token_offsets[start : start + S] // self.config.n_bins
+        if values is None:
+            normalised = self.token_inputs[dims, tokens]
+        else:
+            normalised = self.normalise_values(values, dims)
+        padded = F.pad(normalised, (lead, n * T - lead - S)).view(B, n, T)
+        vectors = self.observation_map(padded[..., :O])  # (B, n, d)
+        if lead > 0 and lead + S > O - 1:  # the first transition's observation came before
+            if observation is None:
+                raise ValueError(
+                    f"tokens from position {start}, inside a transition, need its observation "
+                    "vector (`observation`, from `observation_vectors`): the model has "
+                    "model.observation_vector=true"
+                )
+            vectors = torch.cat([observation[:, None].to(vectors), vectors[:, 1:]], dim=1)
+        per_token = vectors.repeat_interleave(T, dim=1)[:, lead : lead + S]  # (B, S, d)
+        return per_token * self.observation_positions[start : start + S, None]
+
     # --- trunk and heads ------------------------------------------------------------------
 
     def _trunk(
@@ -355,9 +424,12 @@ class TrajectoryGPT(nn.Module):
         start: int | torch.Tensor = 0,
         cache: KVCache | SharedPrefixKVCache | None = None,
         values: torch.Tensor | None = None,
+        observation: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states (B, S, d) after the final norm, for tokens at [start, start+S), with
-        their real `values` (B, S) or (None) what they decode to.
+        their real `values` (B, S) or (None) what they decode to. With `observation_vector`,
+        `observation` (B, d) is the vector of the transition the tokens start in, where they
+        start past its first token (`_span_observation_vectors`).
 
         A `start` held in a device tensor (1,) is a decode step (S = 1, with a cache): its
         bounds are the caller's to check, since reading them would sync with the device."""
@@ -374,6 +446,13 @@ class TrajectoryGPT(nn.Module):
                 )
             positions = slice(start, end)
         x = self._embed(tokens, positions, values)  # (B, S, d)
+        if self.config.observation_vector:
+            if isinstance(positions, slice):
+                x = x + self._span_observation_vectors(tokens, start, values, observation)
+            elif observation is None:
+                raise ValueError(self.OBSERVATION_VECTOR_NEEDED)
+            else:  # taken from the transition's last observation token on
+                x = x + observation[:, None] * self.observation_positions[positions, None]
         x = self.drop(x + self.pos_emb.weight[positions])  # (B, S, d)
         # Without a cache the positions are [0, S); a cache applies the mask rows itself.
         S = tokens.shape[1]
@@ -451,33 +530,38 @@ class TrajectoryGPT(nn.Module):
         cache: KVCache | SharedPrefixKVCache,
         start: int = 0,
         values: torch.Tensor | None = None,
+        observation: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run tokens (B, S) at positions [start, start+S), with their real `values` (B, S)
-        (see `forward`), caching their keys and values.
+        (see `forward`), caching their keys and values. With `observation_vector`, tokens
+        that start past a transition's first token take its `observation` vector (B, d)
+        (`observation_vectors`).
 
         Attends over the cached [0, start+S) under the training mask. Returns (B, S, N).
         With a SharedPrefixKVCache, a prefill from 0 writes the shared prefix (B groups) and a
         later one extends every row after it.
         """
-        return self._heads(self._trunk(tokens, start, cache, values), start)
+        return self._heads(self._trunk(tokens, start, cache, values, observation), start)
 
     def decode_step(
         self,
         tokens: torch.Tensor,
         cache: KVCache | SharedPrefixKVCache,
         position: int | torch.Tensor,
+        observation: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logits (B, N) for one new token (B,) at `position`, attending over [0, position].
+        With `observation_vector`, `observation` (B, d) is the vector of the token's
+        transition (`observation_vectors`), taken from its last observation token on.
 
         For many steps over one cache, bind it once with `decoder(cache)`.
         """
-        return self.decoder(cache)(tokens, position)
+        return self.decoder(cache)(tokens, position, observation)
 
-    def decoder(
-        self, cache: KVCache | SharedPrefixKVCache
-    ) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor]:
-        """`decode_step` bound to one cache: `step(tokens (B,), position) -> logits (B, N)`.
-        A decoded token's value input is what it decodes to (`embedding_table`).
+    def decoder(self, cache: KVCache | SharedPrefixKVCache) -> Callable[..., torch.Tensor]:
+        """`decode_step` bound to one cache: `step(tokens (B,), position, observation=None)
+        -> logits (B, N)`. A decoded token's value input is what it decodes to
+        (`embedding_table`); its transition's observation vector is the caller's to give.
 
         A planner makes a hundred dependent decode steps per search, so what can be looked up
         once (parameters, cache buffers, which path applies) is looked up here. The position
@@ -488,9 +572,13 @@ class TrajectoryGPT(nn.Module):
         static_step = self.static_decoder(cache)
         device = self.head_weight.device
 
-        def module_step(tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+        def module_step(
+            tokens: torch.Tensor,
+            position: int | torch.Tensor,
+            observation: torch.Tensor | None = None,
+        ) -> torch.Tensor:
             if isinstance(position, torch.Tensor):
-                return static_step(tokens, position)
+                return static_step(tokens, position, observation)
             if position >= self.config.block_size:
                 raise ValueError(f"position {position} exceeds the block size")
             if isinstance(cache, SharedPrefixKVCache):
@@ -502,23 +590,24 @@ class TrajectoryGPT(nn.Module):
                     f"{tokens.shape[0]} rows at position {position} do not fit a cache of "
                     f"{cache.rows} rows x {cache.max_len} positions"
                 )
-            return static_step(tokens, torch.tensor([position], device=device))
+            return static_step(tokens, torch.tensor([position], device=device), observation)
 
         if not self.config.value_sees_itself:  # a mask the native kernel does not implement
             return module_step
         return native.decoder(self, cache, module_step) or module_step
 
-    def static_decoder(
-        self, cache: KVCache | SharedPrefixKVCache
-    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        """The PyTorch decode step over `cache`, `step(tokens (B,), position (1,)) -> (B, N)`,
-        with the position held in a device tensor: the same shapes and no host sync at every
-        position, so `torch.compile(step, fullgraph=True, dynamic=False)` traces it whole,
-        once. The reference for every other decode path, and the one used on a GPU."""
+    def static_decoder(self, cache: KVCache | SharedPrefixKVCache) -> Callable[..., torch.Tensor]:
+        """The PyTorch decode step over `cache`, `step(tokens (B,), position (1,),
+        observation=None) -> (B, N)` (`observation`: see `decode_step`), with the position
+        held in a device tensor: the same shapes and no host sync at every position, so
+        `torch.compile(step, fullgraph=True, dynamic=False)` traces it whole, once. The
+        reference for every other decode path, and the one used on a GPU."""
         T = self.config.transition_dim
 
-        def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-            h = self._trunk(tokens[:, None], position, cache)[:, 0]  # (B, d)
+        def step(
+            tokens: torch.Tensor, position: torch.Tensor, observation: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            h = self._trunk(tokens[:, None], position, cache, observation=observation)[:, 0]
             dim = position % T  # (1,)
             weight = self.head_weight.index_select(0, dim)[0]  # (d, N)
             return h @ weight + self.head_bias.index_select(0, dim)  # (B, N)

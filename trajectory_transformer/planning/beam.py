@@ -623,11 +623,14 @@ class BeamPlanner:
         if self.cuda_graph != "step":
             return step
 
-        def captured_step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        def captured_step(
+            tokens: torch.Tensor, position: torch.Tensor, observation: torch.Tensor | None = None
+        ) -> torch.Tensor:
             # One capture per number of envs and of rows: a search decodes observations on
             # its beams' rows, everything else on all its candidates'.
             key = ("captured step", cache.groups, tokens.shape[0])
-            return self._captured(key, lambda: CapturedCall(step, self._pool()))(tokens, position)
+            inputs = (tokens, position) if observation is None else (tokens, position, observation)
+            return self._captured(key, lambda: CapturedCall(step, self._pool()))(*inputs)
 
         return captured_step
 
@@ -719,17 +722,30 @@ class BeamPlanner:
         G, context_length = context.shape
         # Prefill: one forward pass per env, whose context is the shared prefix of its rows.
         logits = self.model.prefill(context, cache, values=context_values)[:, -1]  # (G, N)
+        observation = self._current_observation_vectors(context, context_values)
         if self.cuda_graph == "search":
             search = self._captured(
                 ("search", G, context_length), lambda: self._new_search(cache, G)
             )
             search.noise.draw(generators)  # into the buffer that the graph reads
-            found = search.call(context, logits)
+            found = search.call(context, logits, observation)
         else:
             noise = self._new_noise(G, context.device)
             noise.draw(generators)
-            found = self._plan_transitions(context, logits, noise, cache, self._decoder(cache))
+            decode = self._decoder(cache)
+            found = self._plan_transitions(context, logits, observation, noise, cache, decode)
         return _Search(*found, cache=cache)
+
+    def _current_observation_vectors(
+        self, context: torch.Tensor, context_values: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The vectors (G, d) of the contexts' current observations, from their real values,
+        for a model with `observation_vector`; (G, 0) for another."""
+        if not self.model.config.observation_vector:
+            return context.new_zeros(context.shape[0], 0, dtype=torch.float32)
+        O = self.observation_dim  # noqa: E741
+        values = None if context_values is None else context_values[:, -O:]
+        return self.model.observation_vectors(context[:, -O:], values)
 
     def _new_noise(self, groups: int, device: torch.device) -> SearchNoise:
         c = self.config
@@ -743,8 +759,8 @@ class BeamPlanner:
         noise = self._new_noise(groups, cache.device)
         decode = self._step(cache)
 
-        def plan_transitions(context: torch.Tensor, logits: torch.Tensor):
-            return self._plan_transitions(context, logits, noise, cache, decode)
+        def plan_transitions(context: torch.Tensor, logits: torch.Tensor, observation):
+            return self._plan_transitions(context, logits, observation, noise, cache, decode)
 
         return _CapturedSearch(CapturedCall(plan_transitions, self._pool()), noise)
 
@@ -752,14 +768,17 @@ class BeamPlanner:
         self,
         context: torch.Tensor,
         first_logits: torch.Tensor,
+        first_observation: torch.Tensor,
         noise: SearchNoise,
         cache: SharedPrefixKVCache,
         decode: Callable,
     ) -> tuple[torch.Tensor, ...]:
         """The planned transitions of a search after its prefill: from the contexts (G, L),
-        each env's logits of its first action token (G, N) and the search's drawn `noise`,
-        decoding with `decode(tokens, position)`. Returns the tokens (G, B, H, T), rewards and
-        values (G, B, H), scores (G, B) and cache rows (G * B,) of the final beams.
+        each env's logits of its first action token (G, N) and its current observation's
+        vector (G, d) (`_current_observation_vectors`), and the search's drawn `noise`,
+        decoding with `decode(tokens, position, observation)`. Returns the tokens
+        (G, B, H, T), rewards and values (G, B, H), scores (G, B) and cache rows (G * B,) of
+        the final beams.
 
         Plan columns index a transition's tokens in the plan (transition h starts at column
         h * T); absolute positions are where a token sits in the model's sequence, the plan
@@ -779,6 +798,10 @@ class BeamPlanner:
         at = self._position  # absolute position -> device tensor (1,)
         env_of_row = layout.group_of_rows(n_candidates, context.device)  # (rows,)
         logits = first_logits[env_of_row]  # (rows, N)
+        # With `observation_vector`, every step takes its transition's observation vector:
+        # the real observation's, then each planned one's once its tokens are decoded.
+        with_observation = self.model.config.observation_vector
+        observation = first_observation[env_of_row] if with_observation else None  # (rows, d)
         beams = _Beams(
             tokens=torch.zeros(n_candidates, H * T, dtype=torch.long, device=context.device),
             rewards=torch.zeros(n_candidates, H, device=context.device),
@@ -795,7 +818,7 @@ class BeamPlanner:
             for j in range(obs_dim, REWARD):
                 token = self._sample(logits, "act", noise.rows("act", j - obs_dim, h))
                 beams.tokens[:, column + j] = token
-                logits = decode(token, at(position + j))  # (rows, N)
+                logits = decode(token, at(position + j), observation)  # (rows, N)
 
             # Reward and value: their expectations score the candidate; a token of each is
             # fed back into the sequence.
@@ -803,7 +826,7 @@ class BeamPlanner:
             beams.tokens[:, column + REWARD] = token = self._sample(
                 logits, "reward", noise.rows("reward", 0, h)
             )
-            logits = decode(token, at(position + REWARD))
+            logits = decode(token, at(position + REWARD), observation)
             value = self._expected(logits, VALUE)  # (rows,)
             beams.tokens[:, column + VALUE] = self._sample(
                 logits, "value", noise.rows("value", 0, h)
@@ -819,22 +842,29 @@ class BeamPlanner:
             beams.select_(layout.repeat(chosen, X))  # every expansion copy continues a beam
             # Only the planned positions move: the context is shared.
             cache.reorder_(chosen, position + VALUE, start=context_length)
+            if with_observation:
+                observation = observation[chosen]  # (beams, d)
 
             # Next observation: decode the value token, then sample the O observation tokens
             # of transition h + 1, one draw per beam that its copies share.
             value_tokens = beams.tokens[:n_beams, column + VALUE].contiguous()
-            logits = decode(value_tokens, at(position + VALUE))
+            logits = decode(value_tokens, at(position + VALUE), observation)
             next_column = column + T
             for i in range(obs_dim):
                 token = self._sample(logits, "obs", noise.rows("obs", i, h))  # (beams,)
                 beams.tokens[:, next_column + i] = layout.repeat(token, X)
-                logits = decode(token, at(position + T + i))  # (beams, N)
+                if with_observation and i == obs_dim - 1:  # the new observation is whole
+                    planned = beams.tokens[:n_beams, next_column : next_column + obs_dim]
+                    observation = self.model.observation_vectors(planned)  # (beams, d)
+                logits = decode(token, at(position + T + i), observation)  # (beams, N)
 
             # Refill: the other copies continue their beams from here, from the very same keys
             # and logits, so that copies which then draw the same tokens tie exactly.
             written = plan_start + next_column + obs_dim  # positions decoded so far
             cache.repeat_rows_(n_beams, X, written, start=context_length)
             logits = layout.repeat(logits, X)  # (rows, N)
+            if with_observation:
+                observation = layout.repeat(observation, X)  # (rows, d)
 
         return (
             beams.tokens[:n_beams].view(G, B, H, T),

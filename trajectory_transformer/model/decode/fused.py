@@ -101,9 +101,7 @@ def _padded(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
-def decoder(
-    model: TrajectoryGPT, cache: SharedPrefixKVCache
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def decoder(model: TrajectoryGPT, cache: SharedPrefixKVCache) -> Callable[..., torch.Tensor]:
     """`model`'s decode step over `cache` as three kernels per block and a last one (the head):
     `step(tokens (R,), position (1,) on the device) -> logits (R, N)`, for any whole copies of
     the cache's rows at a position after its prefix (not checked: that would sync). Raises
@@ -129,8 +127,16 @@ def decoder(
     launch = {} if interpreted() else {"num_warps": 4}
     prefix_capacity, own_capacity = cache.prefix.max_len, cache.own.max_len
 
-    def step(tokens: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    with_observation = config.observation_vector
+
+    def step(
+        tokens: torch.Tensor, position: torch.Tensor, observation: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if with_observation and observation is None:
+            raise ValueError(model.OBSERVATION_VECTOR_NEEDED)
         tokens = tokens.contiguous()  # the kernels read row r's token at offset r
+        # Read at the positions that take it (no sync: the kernel reads the position).
+        observation = observation.contiguous() if with_observation else tokens
         rows = tokens.shape[0]
         layout = cache.layout
         layout.copies(rows)  # raises unless whole copies: shapes only, no sync
@@ -159,6 +165,8 @@ def decoder(
                 cache.prefix_end,
                 weights.tok_emb,
                 weights.pos_emb,
+                observation,
+                config.observation_dim - 1,
                 ln1_w,
                 ln1_b,
                 w_attn,
@@ -179,6 +187,7 @@ def decoder(
                 BR=ROWS,
                 SPLITS=splits,
                 FIRST=layer == 0,
+                HAS_OBSERVATION=with_observation,
                 **launch,
             )
             kernels.attention_kernel[(tiles, NH, PARTS)](

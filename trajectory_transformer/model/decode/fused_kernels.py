@@ -88,6 +88,8 @@ def qkv_kernel(
     prefix_end_ptr,  # (1,) the shared prefix's length
     tok_emb_ptr,
     pos_emb_ptr,
+    observation_ptr,  # (R, C) the rows' observation vectors (with HAS_OBSERVATION)
+    last_observation,  # the last observation token's dimension: the vectors count from it
     ln1_w,
     ln1_b,
     w_attn,  # (C, 3C)
@@ -108,6 +110,7 @@ def qkv_kernel(
     BR: tl.constexpr,
     SPLITS: tl.constexpr,
     FIRST: tl.constexpr,
+    HAS_OBSERVATION: tl.constexpr,
 ):
     head = tl.program_id(1)
     rows, row_ok, cols, col_ok, tile = row_tile(R, C, BR, CP)
@@ -117,6 +120,12 @@ def qkv_kernel(
         table_row = tokens + (position % T) * N  # the dimension's own embedding table
         x = tl.load(tok_emb_ptr + table_row[:, None] * C + cols[None, :], mask=tile, other=0.0)
         x += tl.load(pos_emb_ptr + position * C + cols, mask=col_ok, other=0.0)[None, :]
+        if HAS_OBSERVATION:  # taken from the transition's last observation token on
+            taken = (position % T >= last_observation).to(tl.float32)
+            vectors = tl.load(
+                observation_ptr + rows[:, None] * C + cols[None, :], mask=tile, other=0.0
+            )
+            x += taken * vectors
     else:
         x = residual_stream(a_ptr, partial_ptr, b_prev_out, rows, cols, tile, col_ok, R, C, SPLITS)
     if head == 0:

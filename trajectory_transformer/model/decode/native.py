@@ -271,8 +271,8 @@ def prepared_weights(model: TrajectoryGPT) -> PreparedWeights:
 def decoder(
     model: TrajectoryGPT,
     cache: object,
-    module_step: Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor],
-) -> Callable[[torch.Tensor, int | torch.Tensor], torch.Tensor] | None:
+    module_step: Callable[..., torch.Tensor],
+) -> Callable[..., torch.Tensor] | None:
     """`model`'s decode step over `cache` as one native call per step, or None where the
     kernels do not apply: they serve inference on the CPU in float32 over a
     `SharedPrefixKVCache`, and are off or could not be built. The weights (`prepared_weights`)
@@ -306,18 +306,26 @@ def decoder(
         weights.head_bias,
         model.config.transition_dim,
     )
-    block_size = model.config.block_size
+    config = model.config
+    block_size, T = config.block_size, config.transition_dim
+    no_extra = torch.empty(0)
 
-    def step(tokens: torch.Tensor, position: int | torch.Tensor) -> torch.Tensor:
+    def step(
+        tokens: torch.Tensor, position: int | torch.Tensor, observation: torch.Tensor | None = None
+    ) -> torch.Tensor:
         # The kernel takes the position as an int: on the CPU, reading one waits for nothing.
         position = int(position)
-        if position == 0:  # this token starts the shared prefix: the prefill path
-            return module_step(tokens, position)
+        if position == 0 or (config.observation_vector and observation is None):
+            # The prefill path starts the shared prefix; a missing observation vector is
+            # refused there.
+            return module_step(tokens, position, observation)
         if position >= block_size:
             raise ValueError(f"position {position} exceeds the block size {block_size}")
         own = cache.own_position(position, tokens.shape[0])
+        taken = config.observation_vector and position % T >= config.observation_dim - 1
+        extra = observation.contiguous() if taken else no_extra
         # Each block also writes this token's key and value at own position `own`.
-        return bound.step(tokens, position, cache.prefix_length, own, cache.group_of_row())
+        return bound.step(tokens, position, cache.prefix_length, own, cache.group_of_row(), extra)
 
     return step
 

@@ -405,12 +405,15 @@ class Decoder {
   }
 
   // Logits (R, N) of one new token per row at absolute `position`, whose keys and values go to
-  // the rows' own position `own_position` (after a shared prefix of `prefix_len`).
+  // the rows' own position `own_position` (after a shared prefix of `prefix_len`). `extra`
+  // (R, C), or empty, is one more input per row (a model's observation vector).
   torch::Tensor step(const torch::Tensor& tokens, int64_t position, int64_t prefix_len,
-                     int64_t own_position, const torch::Tensor& group_of_row) {
+                     int64_t own_position, const torch::Tensor& group_of_row,
+                     const torch::Tensor& extra) {
     const int64_t dim = position % T_;
     auto x = tok_emb_.index_select(0, tokens + dim * n_bins_);  // the dimension's own table
     x.add_(pos_emb_[position]);
+    if (extra.numel() > 0) x.add_(extra);
     const auto* p = layers_.data();
     for (size_t layer = 0; layer < layers_.size() / kPerLayer; ++layer, p += kPerLayer) {
       x = decode_block(x, p[0], p[1], eps_[2 * layer], p[2], p[3], p[4], p[5], p[6], p[7],

@@ -378,11 +378,16 @@ class TrajectoryGPT(nn.Module):
         their tokens with their real `values`, or (None) what the tokens decode to. A decode
         step takes its transition's as `observation`."""
         dims = self.token_offsets[: self.config.observation_dim] // self.config.n_bins
+        return self.observation_map(self._normalised(tokens, dims, values))
+
+    def _normalised(
+        self, tokens: torch.Tensor, dims: torch.Tensor, values: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The normalised values (..., S) of tokens (..., S) of dimensions `dims` (S,): their
+        real `values`, or (None) what they decode to."""
         if values is None:
-            normalised = self.token_inputs[dims, tokens]
-        else:
-            normalised = self.normalise_values(values, dims)
-        return self.observation_map(normalised)
+            return self.token_inputs[dims, tokens]
+        return self.normalise_values(values, dims)
 
     def _span_observation_vectors(
         self,
@@ -399,10 +404,7 @@ class TrajectoryGPT(nn.Module):
         lead = start % T
         n = -(-(lead + S) // T)  # transitions the span touches
         dims = self.token_offsets[start : start + S] // self.config.n_bins
-        if values is None:
-            normalised = self.token_inputs[dims, tokens]
-        else:
-            normalised = self.normalise_values(values, dims)
+        normalised = self._normalised(tokens, dims, values)  # (B, S)
         padded = F.pad(normalised, (lead, n * T - lead - S)).view(B, n, T)
         vectors = self.observation_map(padded[..., :O])  # (B, n, d)
         if lead > 0 and lead + S > O - 1:  # the first transition's observation came before

@@ -235,7 +235,7 @@ def test_the_observation_vector_enters_from_the_last_observation_token_on() -> N
     later = model._span_observation_vectors(tokens[:, start:], start, values[:, start:], given)
     torch.testing.assert_close(later[:, : T - 2], given[:, None].expand(-1, T - 2, -1))
     torch.testing.assert_close(later[:, T - 2 :], expected[:, 2 * T :])
-    with pytest.raises(ValueError, match="need its observation vector"):
+    with pytest.raises(ValueError, match="need the transition's observation vector"):
         model._span_observation_vectors(tokens[:, start:], start, values[:, start:], None)
 
 
@@ -262,7 +262,7 @@ def test_a_decode_step_without_its_observation_vector_is_refused(path: str) -> N
     with native.native_kernels(path == "shared-native"):
         step = model.static_decoder(cache) if path == "static" else model.decoder(cache)
         at = torch.tensor([T + OBS]) if path == "static" else T + OBS
-        with pytest.raises(ValueError, match="needs its transition's observation vector"):
+        with pytest.raises(ValueError, match="need the transition's observation vector"):
             step(torch.zeros(1, dtype=torch.long), at)
 
 

@@ -233,8 +233,9 @@ class Block(nn.Module):
 
 class TrajectoryGPT(nn.Module):
     OBSERVATION_VECTOR_NEEDED = (
-        "a decode step of a model with model.observation_vector=true needs its transition's "
-        "observation vector (`observation`, from `observation_vectors`)"
+        "a decode step, or tokens that start inside a transition, need the transition's "
+        "observation vector (`observation`, from `observation_vectors`): the model has "
+        "model.observation_vector=true"
     )
 
     def __init__(self, config: GPTConfig) -> None:
@@ -409,11 +410,7 @@ class TrajectoryGPT(nn.Module):
         vectors = self.observation_map(padded[..., :O])  # (B, n, d)
         if lead > 0 and lead + S > O - 1:  # the first transition's observation came before
             if observation is None:
-                raise ValueError(
-                    f"tokens from position {start}, inside a transition, need its observation "
-                    "vector (`observation`, from `observation_vectors`): the model has "
-                    "model.observation_vector=true"
-                )
+                raise ValueError(self.OBSERVATION_VECTOR_NEEDED)
             vectors = torch.cat([observation[:, None].to(vectors), vectors[:, 1:]], dim=1)
         per_token = vectors.repeat_interleave(T, dim=1)[:, lead : lead + S]  # (B, S, d)
         return per_token * self.observation_positions[start : start + S, None]

@@ -759,7 +759,9 @@ class BeamPlanner:
         noise = self._new_noise(groups, cache.device)
         decode = self._step(cache)
 
-        def plan_transitions(context: torch.Tensor, logits: torch.Tensor, observation):
+        def plan_transitions(
+            context: torch.Tensor, logits: torch.Tensor, observation: torch.Tensor
+        ):
             return self._plan_transitions(context, logits, observation, noise, cache, decode)
 
         return _CapturedSearch(CapturedCall(plan_transitions, self._pool()), noise)

@@ -32,6 +32,7 @@ import json
 import math
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -193,7 +194,10 @@ def agrees(score: float, stderr: float, recorded: dict) -> bool:
 
 
 def evaluate_again(name: str, recorded: dict, run_dir: Path, extra: list[str]) -> dict:
-    """Run a manifest's evaluation command again; its results.json."""
+    """Run a manifest's evaluation command again, into a fresh `run_dir`; its results.json.
+    A previous check's run there is removed first: tt-eval would resume its episodes instead
+    of playing them again (or refuse them, its checkpoint having changed since)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
     overrides = evaluation_overrides(name, recorded)
     module = "trajectory_transformer.cli.evaluate"
     command = [sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={run_dir}"]

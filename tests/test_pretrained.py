@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,8 @@ def test_make_results_evaluates_every_checkpoint_again_and_finds_what_disagrees(
             normalized_score_stderr=again["normalized_score_stderr"],
         )
     (out / "manifest.json").write_text(json.dumps(manifest))
+    # A checkpoint file rewritten since (a new clone, a pull): its episodes are played again.
+    os.utime(out / "test-tiny-v0.pt")
     assert script.main(arguments) == 0
     assert "disagrees" not in record.read_text()
 

@@ -135,7 +135,8 @@ def decoder(model: TrajectoryGPT, cache: SharedPrefixKVCache) -> Callable[..., t
         if with_observation and observation is None:
             raise ValueError(model.OBSERVATION_VECTOR_NEEDED)
         tokens = tokens.contiguous()  # the kernels read row r's token at offset r
-        # Read at the positions that take it (no sync: the kernel reads the position).
+        # The kernel reads the vectors only where the position takes them (it reads the
+        # position itself: no sync); without them, `tokens` fills the unused pointer.
         observation = observation.contiguous() if with_observation else tokens
         rows = tokens.shape[0]
         layout = cache.layout

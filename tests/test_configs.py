@@ -3,6 +3,7 @@ from importlib import resources
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from trajectory_transformer.cli.common import CONFIG_DIR, ConfigError, reject_unknown_keys
@@ -42,6 +43,45 @@ def test_every_dataset_config_is_there():
     assert set(DATASET_CONFIGS) == expected
 
 
+PRECISE = {
+    "model.value_inputs": True,
+    "model.token_embeddings": False,
+    "model.observation_vector": True,
+    "dataset.discretizer": "uniform",
+    "trainer.target_sigma": 1.0,
+    "trainer.learning_rate": 3e-3,
+}
+PAPER = {
+    "model.value_inputs": False,
+    "model.token_embeddings": True,
+    "model.observation_vector": False,
+    "dataset.discretizer": "quantile",
+    "trainer.target_sigma": 0.0,
+    "trainer.learning_rate": 6e-4,
+}
+
+
+def assert_recipe(cfg, recipe: dict) -> None:
+    got = {key: OmegaConf.select(cfg, key) for key in recipe}
+    assert got == recipe
+
+
+def test_the_paper_recipe_is_the_libraries_own_defaults():
+    """recipe=paper is the model, data and trainer configs' own defaults: the published model."""
+    from trajectory_transformer.cli.schemas import DatasetConfig, ModelConfig
+    from trajectory_transformer.training.trainer import TrainerConfig
+
+    defaults = {"model": ModelConfig(), "dataset": DatasetConfig(), "trainer": TrainerConfig()}
+    own = {key: getattr(defaults[key.split(".")[0]], key.split(".")[1]) for key in PAPER}
+    assert own == PAPER
+
+
+def test_a_command_line_setting_beats_the_recipe():
+    cfg = compose_train("recipe=paper", "trainer.learning_rate=1e-3", "dataset.discretizer=uniform")
+    assert cfg.trainer.learning_rate == 1e-3 and cfg.dataset.discretizer == "uniform"
+    assert not cfg.model.value_inputs
+
+
 @pytest.mark.parametrize("name", DATASET_CONFIGS)
 def test_every_dataset_config_composes(name):
     cfg = compose_train(f"dataset={name}")
@@ -68,9 +108,12 @@ def test_every_dataset_config_composes(name):
         assert cfg.dataset.id == f"mujoco/{env}/{quality}-v0"
         # The paper's settings for the MuJoCo datasets.
         assert (cfg.model.n_layer, cfg.model.n_head, cfg.model.embedding_dim) == (4, 4, 128)
-        assert cfg.trainer.batch_size == 256 and cfg.trainer.learning_rate == 6e-4
+        assert cfg.trainer.batch_size == 256
         assert cfg.trainer.max_steps is None and cfg.trainer.reference_epochs == 50
-    assert cfg.dataset.n_bins == 100 and cfg.dataset.discretizer == "quantile"
+    # Every dataset takes each recipe as it is.
+    assert_recipe(cfg, PAPER)
+    assert_recipe(compose_train(f"dataset={name}", "recipe=precise"), PRECISE)
+    assert cfg.dataset.n_bins == 100
     assert cfg.dataset.terminal_penalty == -100.0 and cfg.dataset.discount == 0.99
 
 

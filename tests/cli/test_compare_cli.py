@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+import torch
 from conftest import TINY_TRAINING, create_dataset, run_module
 
 from trajectory_transformer.cli import compare as compare_cli
@@ -392,3 +393,33 @@ def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         launch([Job(**job) for job in jobs], tmp_path, "interim0-eval", [])
     assert sweep.preexec_fn is compare_cli.ignore_interrupts  # the default launcher is local
+
+
+def test_a_shared_training_made_under_other_defaults_is_refused(tmp_path):
+    """A training found on disk is reused only if its overrides still compose to the settings
+    it was trained with: once the defaults change, the same overrides name another model."""
+    create_dataset("test/tiny-v0")
+    args = [*TINY_TRAINING, "recipe=precise", "trainer.max_steps=2", "seed=0"]
+    job = Job("train", args, str(tmp_path / "trainings" / "key" / "seed0"))
+    trained = run_module("trajectory_transformer.cli.train", *job.args, *job.command()[-1:])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    compare_cli.check_trained_settings([job])  # as trained: reused
+
+    payload = torch.load(job.checkpoint, weights_only=False)
+    # A checkpoint older than a setting had that setting's default then (off).
+    del payload["config"]["model"]["observation_vector"]
+    torch.save(payload, job.checkpoint)
+    with pytest.raises(compare_cli.ConfigError) as refused:
+        compare_cli.check_trained_settings([job])
+    message = str(refused.value)
+    assert "model.observation_vector: trained False, now True" in message
+    assert str(job.run_dir) in message and "\n" not in message
+
+    payload["config"]["model"]["observation_vector"] = True
+    payload["config"]["trainer"]["learning_rate"] = 6e-4
+    torch.save(payload, job.checkpoint)
+    with pytest.raises(compare_cli.ConfigError, match=r"trainer\.learning_rate: trained 0\.0006"):
+        compare_cli.check_trained_settings([job])
+    # Overrides that give the settings it was trained with find it again.
+    again = Job("train", [*args, "trainer.learning_rate=6e-4"], job.run_dir)
+    compare_cli.check_trained_settings([again])

@@ -25,6 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trajectory_transformer.cli import schemas
 from trajectory_transformer.cli.common import (
     INTERRUPTED_EXIT_CODE,
     ConfigError,
@@ -136,6 +137,49 @@ def check_agents(spec: ComparisonSpec, dataset: DictConfig) -> None:
         )
     for warning in sorted(filter(None, warnings)):
         print(warning, file=sys.stderr)
+
+
+TRAINED_SETTINGS = {
+    "train": ("train", schemas.TrainConfig, ("dataset", "model", "trainer", "seed")),
+    "critic": ("train_critic", schemas.TrainCriticConfig, ("dataset", "critic", "seed")),
+}
+"""Per kind of training: its command's config, schema, and the settings that make the model."""
+
+
+def flat(config: dict, prefix: str = "") -> dict[str, object]:
+    """`{"a": {"b": 1}}` as `{"a.b": 1}`."""
+    items: dict[str, object] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            items.update(flat(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
+
+
+def check_trained_settings(trainings: list[Job]) -> None:
+    """Refuse a training on disk (finished, or to be resumed) whose settings differ from what
+    its overrides compose to now. Trainings are shared by their overrides: once the defaults
+    change (a new version), the same overrides name another training, and the folder holds
+    the old one. A setting that an older checkpoint lacks had its default then."""
+    for job in trainings:
+        saved = job.saved_config()
+        if saved is None:
+            continue
+        name, schema, sections = TRAINED_SETTINGS[job.kind]
+        now = OmegaConf.to_container(compose_checked(name, job.args), resolve=True)
+        then = flat(OmegaConf.to_container(OmegaConf.structured(schema))) | flat(saved)
+        differences = [
+            f"{key}: trained {then.get(key)!r}, now {value!r}"
+            for key, value in flat({key: now[key] for key in sections}).items()
+            if then.get(key) != value
+        ]
+        if differences:
+            raise ConfigError(
+                f"{job.run_dir} was trained with other settings than its overrides give now "
+                f"({'; '.join(differences)}): the defaults have changed since. Move that "
+                "folder away to train it again, or give the comparison another trainings_dir"
+            )
 
 
 def check_needs(agent: AgentSpec, planner: DictConfig) -> None:
@@ -360,6 +404,7 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
             f"{sum(map(len, interim.evaluations.values()))} evaluations",
             flush=True,
         )
+        check_trained_settings(interim.trainings)
         scores, normalized, reference = run_interim(interim, root, launcher)
         if state.scores and state.reference not in (None, reference):
             raise ComparisonError(

@@ -305,9 +305,19 @@ class Job:
         training = self._training_state(checkpoint) or {}
         return training.get("elapsed_seconds")
 
+    def saved_config(self) -> dict | None:
+        """The resolved config a training's checkpoint was written with; None for an
+        evaluation, or a training with no checkpoint yet."""
+        checkpoint = self.checkpoint
+        if checkpoint is None or not checkpoint.is_file():
+            return None
+        return self._payload(checkpoint)["config"]
+
     def _training_state(self, checkpoint: Path) -> dict | None:
-        read = read_payload if self.kind == "train" else read_critic_payload
-        return read(checkpoint)["training"]
+        return self._payload(checkpoint)["training"]
+
+    def _payload(self, checkpoint: Path) -> dict:
+        return (read_payload if self.kind == "train" else read_critic_payload)(checkpoint)
 
 
 @dataclass

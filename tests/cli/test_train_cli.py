@@ -91,7 +91,7 @@ def test_resume_with_another_model_shape_says_what_differs(tmp_path):
 
 def test_resume_with_other_training_targets_says_what_differs(tmp_path):
     create_dataset("test/tiny-v0")
-    tt_train("trainer.max_steps=2", run_dir=tmp_path / "run")
+    tt_train("trainer.max_steps=2", "dataset.discretizer=quantile", run_dir=tmp_path / "run")
     result = tt_train(
         "trainer.max_steps=2",
         "dataset.discount=0.9",

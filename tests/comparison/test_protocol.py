@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
 
 from trajectory_transformer.checkpoint import save_atomic
 from trajectory_transformer.cli import compare as compare_cli
@@ -193,6 +194,11 @@ def test_a_changed_agent_is_refused_naming_what_changed(tmp_path):
 TRUE_SCORES = {"planner": 90.0, "bc": 40.0, "narrow": 88.0, "planner_critic": 95.0, "iql": 60.0}
 
 
+def trained_config(command: str, job) -> dict:
+    """The resolved config a training of `job` would write into its checkpoint."""
+    return OmegaConf.to_container(compare_cli.compose_checked(command, job.args), resolve=True)
+
+
 class PretendLauncher:
     """Stands in for `launch`: writes what a finished job leaves behind, records every job it
     ran, and can raise KeyboardInterrupt (a Ctrl-C) when asked to launch a given label."""
@@ -210,13 +216,18 @@ class PretendLauncher:
         for job in pending:
             folder = Path(job.run_dir)
             if job.kind == "train":
-                payload = {"format_version": 2, "training": {"finished": True}}
+                payload = {
+                    "format_version": 2,
+                    "training": {"finished": True},
+                    "config": trained_config("train", job),
+                }
                 save_atomic(payload, folder / "checkpoint.pt")
             elif job.kind == "critic":
                 payload = {
                     "kind": CRITIC_FORMAT,
                     "format_version": 1,
                     "training": {"finished": True},
+                    "config": trained_config("train_critic", job),
                 }
                 save_atomic(payload, folder / "critic.pt")
             else:

@@ -385,21 +385,42 @@ def same_value(preset: object, default: object) -> bool:
     return preset == default
 
 
+def global_presets(command: str) -> dict[str, tuple[str, dict]]:
+    """The presets of the global package (`# @package _global_`: `recipe=precise`) that a
+    command's config file picks, in the order it applies them: {group=preset: their values}."""
+    config_name = {name: config for name, config, _ in COMMANDS}[command]
+    chosen = {}
+    for group, preset in command_defaults(config_name).items():
+        path = configs_dir() / group / f"{preset}.yaml"
+        if path.is_file() and path.read_text().startswith("# @package _global_"):
+            chosen[f"{group}={preset}"] = preset_values(group, preset)
+    return chosen
+
+
 def preset_notes(group: Group) -> dict[str, str]:
-    """Where the command's default preset sets a key to another value than the class."""
-    if group.default_preset is None:
-        return {}
-    values = preset_values(group.title, group.default_preset)
+    """Where the command's default presets set a key to another value than the class: the
+    group's own preset, or a global one that sets keys of several groups (the last wins)."""
+    sources = {}
+    if group.default_preset is not None:
+        sources[f"{group.title}={group.default_preset}"] = preset_values(
+            group.title, group.default_preset
+        )
+    for command in group.commands:
+        for name, values in global_presets(command).items():
+            if isinstance(values.get(group.title), dict):
+                sources[name] = values[group.title]
     notes = {}
     for key in group.keys:
         short = key.name.removeprefix(f"{group.title}.")
-        if short in values:
+        for name, values in sources.items():
+            if short not in values:
+                continue
             value = values[short]
             text = format_value(value)
             if not same_value(value, key.value):
                 if isinstance(value, str) and "${" in value:
                     text = f"computed: {value}"
-                notes[key.name] = f"`{text}` in `{group.title}={group.default_preset}`"
+                notes[key.name] = f"`{text}` in `{name}`"
     return notes
 
 
@@ -444,7 +465,9 @@ command picks by default sets another value, that value follows in brackets. **A
 what the code's own checks accept: a command refuses anything else with one line naming the
 key (see [Troubleshooting](../troubleshooting.md)). A key of type `group` selects a preset
 (`dataset=hopper-medium`, files under `configs/<group>/`) whose values its own keys then
-override (`dataset.n_bins=64`).
+override (`dataset.n_bins=64`). tt-train's `recipe` (`precise` by default, or `paper`:
+`configs/recipe/`) sets keys of several groups at once: the model's inputs, its targets and
+the learning rate.
 """
 
 

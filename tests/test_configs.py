@@ -111,8 +111,8 @@ def test_every_dataset_config_composes(name):
         assert cfg.trainer.batch_size == 256
         assert cfg.trainer.max_steps is None and cfg.trainer.reference_epochs == 50
     # Every dataset takes each recipe as it is.
-    assert_recipe(cfg, PAPER)
-    assert_recipe(compose_train(f"dataset={name}", "recipe=precise"), PRECISE)
+    assert_recipe(cfg, PRECISE)
+    assert_recipe(compose_train(f"dataset={name}", "recipe=paper"), PAPER)
     assert cfg.dataset.n_bins == 100
     assert cfg.dataset.terminal_penalty == -100.0 and cfg.dataset.discount == 0.99
 

@@ -60,6 +60,14 @@ def test_the_reference_names_every_key_with_its_range():
     assert "| `compare.agents.<name>.eval` |" in text
 
 
+def test_the_reference_gives_the_default_recipes_values():
+    """The default recipe sets keys of several groups: each shows its value there."""
+    text = config_reference().render()
+    for key, value in (("dataset.discretizer", "uniform"), ("trainer.learning_rate", "3e-3")):
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
+        assert f"(`{value}` in `recipe=precise`)" in row, row
+
+
 def test_the_readme_is_a_landing_page():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= README_MOST_LINES, f"README.md has {len(lines)} lines"

@@ -385,7 +385,7 @@ def same_value(preset: object, default: object) -> bool:
     return preset == default
 
 
-def global_presets(command: str) -> dict[str, tuple[str, dict]]:
+def global_presets(command: str) -> dict[str, dict]:
     """The presets of the global package (`# @package _global_`: `recipe=precise`) that a
     command's config file picks, in the order it applies them: {group=preset: their values}."""
     config_name = {name: config for name, config, _ in COMMANDS}[command]

@@ -412,15 +412,15 @@ def preset_notes(group: Group) -> dict[str, str]:
     notes = {}
     for key in group.keys:
         short = key.name.removeprefix(f"{group.title}.")
-        for name, values in sources.items():
-            if short not in values:
-                continue
-            value = values[short]
-            text = format_value(value)
-            if not same_value(value, key.value):
-                if isinstance(value, str) and "${" in value:
-                    text = f"computed: {value}"
-                notes[key.name] = f"`{text}` in `{name}`"
+        setting = [(name, values[short]) for name, values in sources.items() if short in values]
+        if not setting:
+            continue
+        name, value = setting[-1]  # the value the command ends with
+        text = format_value(value)
+        if not same_value(value, key.value):
+            if isinstance(value, str) and "${" in value:
+                text = f"computed: {value}"
+            notes[key.name] = f"`{text}` in `{name}`"
     return notes
 
 

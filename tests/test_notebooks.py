@@ -17,6 +17,7 @@ TINY = {
         "PLAN_STEPS": [0, 3],
         "SHOW_STEP": 3,
         "MAX_EPISODE_STEPS": 6,
+        "MAZE_PLANNER": {"beam_width": 4, "horizon": 2, "context_transitions": 1},
         "MAZE_PLAN_STEPS": [0, 3],
     },
     "model_diagnostics": {"WINDOWS": 8, "CONTEXT_TRANSITIONS": 1},
@@ -65,10 +66,9 @@ def test_notebook_runs(path, tiny_checkpoint, tmp_path, request):
         assert any("image/png" in output.get("data", {}) for output in last.outputs)
 
 
-def test_the_plans_notebook_runs_on_its_default_pretrained_checkpoint(tmp_path, request):
+def test_the_plans_notebook_runs_on_its_default_pretrained_checkpoints(tmp_path):
     path = next(path for path in NOTEBOOKS if path.stem == "visualize_plans")
-    parameters = {"RUN_DIR": str(tmp_path), **TINY["visualize_plans"]}  # CHECKPOINT as it is
-    parameters["MAZE_CHECKPOINT"] = str(request.getfixturevalue("maze_checkpoint"))
+    parameters = {"RUN_DIR": str(tmp_path), **TINY["visualize_plans"]}  # checkpoints as they are
     executed = execute(path, parameters, tmp_path)
     text = "".join(
         output.get("text", "")
@@ -76,4 +76,4 @@ def test_the_plans_notebook_runs_on_its_default_pretrained_checkpoint(tmp_path, 
         if cell.cell_type == "code"
         for output in cell.get("outputs", [])
     )
-    assert "pendulum/medium-expert-v0" in text
+    assert "pendulum/medium-expert-v0" in text and "pointmaze/umaze-v0" in text

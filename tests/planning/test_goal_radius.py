@@ -1,5 +1,6 @@
-"""`planner.goal_radius`: an env at its goal is searched for the plan that stays closest to it,
-an env away from it exactly as without the rule."""
+"""`planner.goal_radius`: an env at its goal tries actions drawn uniformly over the bins and
+keeps the plan whose positions keep closest to it; an env away from it plans exactly as without
+the rule."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ SETTINGS = {"beam_width": 4, "n_expand": 2, "horizon": 3, "context_transitions":
 
 
 def plan_both(checkpoint, observations: torch.Tensor, **rule):
-    planner = BeamPlanner.from_checkpoint(checkpoint, **SETTINGS, **rule)
+    planner = BeamPlanner.from_checkpoint(checkpoint, **{**SETTINGS, **rule})
     planner.reset(len(observations), seed=3)
     return planner, planner.plan(observations)
 
@@ -41,13 +42,34 @@ def test_an_env_at_its_goal_keeps_the_plan_that_stays_closest_and_the_others_pla
     # Away from its goal, the very same search.
     torch.testing.assert_close(held.tokens[1], without.tokens[1], rtol=0, atol=0)
     torch.testing.assert_close(held.scores[1], without.scores[1])
-    # At its goal, every final beam scores minus the distance from the goal of its last
-    # planned position, best first, as worked out again from its tokens.
-    final = held.tokens[0, :, -1]  # (B, T) each beam's last transition
-    position = decode(final[:, goals.achieved], goals.achieved)
-    goal = decode(held.tokens[0, :, 0][:, goals.desired], goals.desired)
-    torch.testing.assert_close(held.scores[0], -(position - goal).norm(dim=-1))
+    # At its goal, every final beam scores minus the mean distance from the goal of its planned
+    # positions, best first, as worked out again from its tokens.
+    positions = held.tokens[0][..., goals.achieved]  # (B, H, 2)
+    goal = decode(held.tokens[0, :, 0][:, goals.desired], goals.desired)  # (B, 2)
+    mean_distance = (decode(positions, goals.achieved) - goal[:, None]).norm(dim=-1).mean(-1)
+    torch.testing.assert_close(held.scores[0], -mean_distance)
     assert int(held.best[0]) == int(held.scores[0].argmax())
+
+
+def test_at_its_goal_the_actions_tried_do_not_come_from_the_models_policy(maze_checkpoint):
+    """The model's actions at a goal are the data's, which pass through goals: there the
+    candidates draw theirs uniformly over the bins. A narrower filter of the model's actions
+    changes the search away from the goal, and nothing of the one at it."""
+    episodes, _ = load_episodes("pointmaze/umaze-v0")
+    at_goal = torch.as_tensor(episodes.observations[0]).clone()
+    at_goal[0:2] = at_goal[2:4]
+    away = torch.as_tensor(episodes.observations[0])
+    observations = torch.stack([at_goal, away])
+    wide = {"goal_radius": 0.45, "beam_width": 32, "horizon": 2}
+    _, broad = plan_both(maze_checkpoint, observations, **wide, cdf_act=None)
+    planner, narrow = plan_both(maze_checkpoint, observations, **wide, k_act=2)
+    torch.testing.assert_close(narrow.tokens[0], broad.tokens[0], rtol=0, atol=0)
+    assert not torch.equal(narrow.tokens[1], broad.tokens[1])
+    n_obs, n_bins = planner.observation_dim, planner.model.config.n_bins
+    actions = broad.tokens[0][..., n_obs : n_obs + planner.action_dim].flatten()
+    # 32 beams x 2 transitions x 2 actions: draws from both halves of the range, most bins.
+    assert (actions < n_bins // 2).any() and (actions >= n_bins // 2).any()
+    assert len(actions.unique()) >= 3 * n_bins // 4
 
 
 def test_goal_radius_needs_a_goal_conditioned_model(tiny_checkpoint):

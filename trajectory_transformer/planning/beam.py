@@ -691,19 +691,24 @@ class BeamPlanner:
             scores = self._stay_at_goal(beams.tokens, h, scores)
         return scores
 
-    def _stay_at_goal(self, tokens: torch.Tensor, h: int, scores: torch.Tensor) -> torch.Tensor:
-        """`goal_radius`'s rule: where a candidate's env is within `goal_radius` of its goal
-        (its current observation, the plan's first), its score is minus the distance from the
-        goal of its planned position at transition `h` (the latest the plan has decoded, after
-        its actions before `h`), so that the search keeps what stays closest; elsewhere
-        `scores` (rows,)."""
+    def _at_goal(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Whether each candidate's env is within `goal_radius` of its goal (rows,), read from
+        its current observation, the plan's first."""
         goals, decode = self.goals, self.discretizer.decode
         desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
         now = decode(tokens[:, goals.achieved], goals.achieved)
-        planned = tokens[:, h * self.transition_dim :][:, goals.achieved]
-        distance = (decode(planned, goals.achieved) - desired).norm(dim=-1)
-        at_goal = (now - desired).norm(dim=-1) <= self.config.goal_radius
-        return torch.where(at_goal, -distance, scores)
+        return (now - desired).norm(dim=-1) <= self.config.goal_radius
+
+    def _stay_at_goal(self, tokens: torch.Tensor, h: int, scores: torch.Tensor) -> torch.Tensor:
+        """`goal_radius`'s rule: where a candidate's env is at its goal (`_at_goal`), its score
+        is minus the mean distance from the goal of its planned positions up to transition
+        `h` (the latest the plan has decoded), so that the search keeps what gets closest
+        soonest and stays; elsewhere `scores` (rows,)."""
+        goals, decode, T = self.goals, self.discretizer.decode, self.transition_dim
+        desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
+        planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)[:, :, goals.achieved]
+        distance = (decode(planned, goals.achieved) - desired[:, None]).norm(dim=-1).mean(-1)
+        return torch.where(self._at_goal(tokens), -distance, scores)
 
     def _search(
         self,
@@ -811,6 +816,9 @@ class BeamPlanner:
             so_far=torch.zeros(n_candidates, device=context.device),
         )
         beams.tokens[:, :obs_dim] = context[env_of_row, plan_start:]
+        # With `goal_radius`, the candidates of an env at its goal try actions drawn uniformly
+        # over the bins: the model's own there are the data's, which pass through goals.
+        at_goal = None if self.goals is None else self._at_goal(beams.tokens)  # (rows,)
 
         for h in range(H):
             column = h * T  # transition h's first plan column
@@ -818,7 +826,11 @@ class BeamPlanner:
 
             # Actions: every candidate samples its own, so the X copies of a beam diverge.
             for j in range(obs_dim, REWARD):
-                token = self._sample(logits, "act", noise.rows("act", j - obs_dim, h))
+                draws = noise.rows("act", j - obs_dim, h)
+                token = self._sample(logits, "act", draws)
+                if at_goal is not None and draws is not None:
+                    # The least of N Exp(1) draws falls on each bin alike.
+                    token = torch.where(at_goal, draws.argmin(dim=-1), token)
                 beams.tokens[:, column + j] = token
                 logits = decode(token, at(position + j), observation)  # (rows, N)
 

@@ -76,11 +76,13 @@ class PlannerConfig:
     length. Nothing is captured on the CPU. All plan the same."""
     goal_radius: float | None = None
     """On a goal-conditioned dataset (Dict observations with `achieved_goal` and
-    `desired_goal`), the distance within which an env is at its goal; there its search ranks
-    candidates by how close to the goal their planned positions stay instead of by the model's
-    score (`BeamPlanner._stay_at_goal`): a goal-reaching dataset's episodes end on arrival, so
-    its model has never seen what stays. None: the model's score everywhere. The mazes' own
-    radius is 0.45."""
+    `desired_goal`), the distance from its goal within which an env is held there: its
+    candidates try actions drawn uniformly over the bins, and the search keeps the plan whose
+    planned positions keep closest to the goal, not the model's score
+    (`BeamPlanner._stay_at_goal`). A goal-reaching dataset's episodes end on arrival, so its
+    model's own actions at a goal are the data's, which pass through. None: the model's
+    actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), so
+    that an env that drifts out is brought back."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or

@@ -661,7 +661,14 @@ class BeamPlanner:
         probs = (logits / self.config.temperature).softmax(dim=-1)
         return self.discretizer.expectation(probs, dim, self.config.value_percentile)
 
-    def _score(self, beams: _Beams, h: int, reward: torch.Tensor, value: torch.Tensor):
+    def _score(
+        self,
+        beams: _Beams,
+        h: int,
+        reward: torch.Tensor,
+        value: torch.Tensor,
+        at_goal: torch.Tensor | None = None,
+    ):
         """The scoring rule, in one place: after planning transition `h`, a candidate scores
         its discounted expected rewards so far plus the discounted expected value after `h`,
         `sum_{i<=h} discount^i r_i + discount^(h+1) V_h`. Records `reward` and `value` (rows,)
@@ -672,7 +679,8 @@ class BeamPlanner:
         expected rewards before it count in the critic's units (`r' = scale * r + bias`, as
         it was trained): `sum_{i<h} discount^i r'_i + discount^h Q(s_h, a_h)`. Q already holds
         r_h and everything after it, so the model's value token is not used; `values`
-        records Q. With `goal_radius`, an env at its goal scores by `_stay_at_goal` instead."""
+        records Q. With `goal_radius`, a candidate whose env is at its goal (`at_goal`, rows,
+        from `_at_goal`) scores by `_stay_at_goal` instead."""
         discount = self.config.discount
         if self.critic is None:
             beams.rewards[:, h], beams.values[:, h] = reward, value
@@ -687,8 +695,8 @@ class BeamPlanner:
             beams.rewards[:, h], beams.values[:, h] = reward, q
             scores = beams.so_far + discount**h * q
             beams.so_far = beams.so_far + discount**h * self.critic.scale_rewards(reward)
-        if self.goals is not None:
-            scores = self._stay_at_goal(beams.tokens, h, scores)
+        if at_goal is not None:
+            scores = self._stay_at_goal(beams.tokens, h, scores, at_goal)
         return scores
 
     def _at_goal(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -699,8 +707,10 @@ class BeamPlanner:
         now = decode(tokens[:, goals.achieved], goals.achieved)
         return (now - desired).norm(dim=-1) <= self.config.goal_radius
 
-    def _stay_at_goal(self, tokens: torch.Tensor, h: int, scores: torch.Tensor) -> torch.Tensor:
-        """`goal_radius`'s rule: where a candidate's env is at its goal (`_at_goal`), its score
+    def _stay_at_goal(
+        self, tokens: torch.Tensor, h: int, scores: torch.Tensor, at_goal: torch.Tensor
+    ) -> torch.Tensor:
+        """`goal_radius`'s rule: where a candidate's env is at its goal (`at_goal`), its score
         is minus the mean distance from the goal of its planned positions up to transition
         `h` (the latest the plan has decoded), so that the search keeps what gets closest
         soonest and stays; elsewhere `scores` (rows,)."""
@@ -708,7 +718,7 @@ class BeamPlanner:
         desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
         planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)[:, :, goals.achieved]
         distance = (decode(planned, goals.achieved) - desired[:, None]).norm(dim=-1).mean(-1)
-        return torch.where(self._at_goal(tokens), -distance, scores)
+        return torch.where(at_goal, -distance, scores)
 
     def _search(
         self,
@@ -817,7 +827,8 @@ class BeamPlanner:
         )
         beams.tokens[:, :obs_dim] = context[env_of_row, plan_start:]
         # With `goal_radius`, the candidates of an env at its goal try actions drawn uniformly
-        # over the bins: the model's own there are the data's, which pass through goals.
+        # over the bins (the model's own there are the data's, which pass through goals), and
+        # score by `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
         at_goal = None if self.goals is None else self._at_goal(beams.tokens)  # (rows,)
 
         for h in range(H):
@@ -845,7 +856,7 @@ class BeamPlanner:
             beams.tokens[:, column + VALUE] = self._sample(
                 logits, "value", noise.rows("value", 0, h)
             )
-            candidate_scores = self._score(beams, h, reward, value)  # (rows,)
+            candidate_scores = self._score(beams, h, reward, value, at_goal)  # (rows,)
 
             # Select: the best B of each env's X * B candidates become its beams, rows [0, G*B).
             scores, choice = layout.by_group(candidate_scores).topk(B, dim=-1)  # (G, B)

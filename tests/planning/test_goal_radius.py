@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trajectory_transformer.data.minari_source import load_episodes
-from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.planning import BeamPlanner, PlannerConfig
 
 SETTINGS = {"beam_width": 4, "n_expand": 2, "horizon": 3, "context_transitions": 1}
 
@@ -77,3 +77,9 @@ def test_goal_radius_needs_a_goal_conditioned_model(tiny_checkpoint):
         BeamPlanner.from_checkpoint(tiny_checkpoint, **SETTINGS, goal_radius=0.45)
     with pytest.raises(ValueError, match="goal_radius must be positive"):
         BeamPlanner.from_checkpoint(tiny_checkpoint, **SETTINGS, goal_radius=0.0)
+
+
+@pytest.mark.parametrize("greedy", [{"deterministic": True}, {"k_act": 1}])
+def test_goal_radius_needs_sampled_actions(greedy):
+    with pytest.raises(ValueError, match=r"samples none .*planner\.goal_radius=null"):
+        PlannerConfig(goal_radius=0.45, **greedy)

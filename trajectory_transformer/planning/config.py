@@ -142,6 +142,13 @@ class PlannerConfig:
             raise ValueError(
                 f"planner.goal_radius must be positive or None, got {self.goal_radius}"
             )
+        if self.goal_radius is not None and (self.deterministic or self.k_act == 1):
+            # At the goal the candidates try actions drawn uniformly: a greedy search draws none.
+            raise ValueError(
+                "planner.goal_radius draws the actions of an env at its goal, and this search "
+                "samples none (planner.deterministic=true or planner.k_act=1); sample actions, "
+                "or leave planner.goal_radius=null"
+            )
         if self.agent not in self.AGENTS:
             raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")
         if self.plan_every > self.horizon:

@@ -24,6 +24,11 @@ where the two differ by at most twice their combined standard error, or by at mo
 normalised point. It writes the table of what it measured to the record
 `pretrained/scores` (docs/results/records/pretrained/scores.json, rendered by
 scripts/render_results.py) and exits with 1 if a score disagrees.
+
+    python scripts/pretrained.py check --only hopper/medium-v0
+
+evaluates the checkpoints named alone (one just added) and updates their rows of the record,
+keeping the others' as the last full check measured them.
 """
 
 from __future__ import annotations
@@ -222,8 +227,15 @@ def check(args: argparse.Namespace) -> int:
     if not manifest:
         print("no pretrained checkpoints are installed")
         return 0
+    unknown = sorted(set(args.only or ()) - set(manifest))
+    if unknown:
+        raise SystemExit(
+            f"--only {' '.join(unknown)}: not in the manifest, whose checkpoints are "
+            f"{', '.join(manifest)}"
+        )
+    checked = [name for name in manifest if not args.only or name in args.only]
     started, rows, disagreements = time.monotonic(), [], []
-    evaluations = [(name, agent) for name in manifest for agent in ("planner", "bc")]
+    evaluations = [(name, agent) for name in checked for agent in ("planner", "bc")]
     # Evaluations side by side, one thread each: the cores are used, and each score is what
     # it is alone, within float rounding.
     threads = 1 if args.jobs > 1 else None
@@ -235,8 +247,8 @@ def check(args: argparse.Namespace) -> int:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         measured = dict(zip(evaluations, pool.map(again, evaluations), strict=True))
-    for name, entry in manifest.items():
-        row = [name]
+    for name in checked:
+        entry, row = manifest[name], [name]
         for agent in ("planner", "bc"):
             recorded = entry["scores"][agent]
             results = measured[name, agent]
@@ -250,31 +262,53 @@ def check(args: argparse.Namespace) -> int:
             print(f"{name} {agent}: {now}, manifest {was}: {'agrees' if ok else 'DISAGREES'}")
         rows.append(row)
     minutes = (time.monotonic() - started) / 60
-    record = {
-        "title": "Pretrained checkpoints, evaluated again",
-        "page": "docs/results/pretrained.md",
-        "provenance": {
-            "commands": ["make results"],
-            "machines": [f"{platform.machine()}, {args.machine}"],
-            "dates": [date.today().isoformat()],
-        },
-        "note": (
-            f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes; normalised "
-            "scores, mean ± standard error over the manifest's evaluation episodes. A score "
-            "agrees with the manifest's where they differ by at most twice their combined "
-            "standard error, or by at most one point."
-        ),
-        "columns": ["dataset", "planner (manifest)", "planner", "BC (manifest)", "BC"],
-        "rows": rows,
-    }
     path = Path(args.record)
+    record = scores_record(path, manifest, rows, minutes, args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-    print(f"{len(manifest)} checkpoints in {minutes:.1f} minutes; table: {path}")
+    print(f"{len(checked)} checkpoints in {minutes:.1f} minutes; table: {path}")
     if disagreements:
         print(f"disagree with the manifest: {', '.join(disagreements)}")
         return 1
     return 0
+
+
+def scores_record(
+    path: Path, manifest: dict, rows: list[list[str]], minutes: float, args: argparse.Namespace
+) -> dict:
+    """The record of a check: its rows, or with `--only` the record at `path` with the rows
+    of the checkpoints checked replaced (added where new, removed where no longer in the
+    manifest), its provenance extended and its note saying which were evaluated when."""
+    machine, today = f"{platform.machine()}, {args.machine}", date.today().isoformat()
+    note = (
+        f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes; normalised "
+        "scores, mean ± standard error over the manifest's evaluation episodes. A score "
+        "agrees with the manifest's where they differ by at most twice their combined "
+        "standard error, or by at most one point."
+    )
+    provenance = {"commands": ["make results"], "machines": [machine], "dates": [today]}
+    if args.only and path.is_file():
+        before = json.loads(path.read_text())
+        new = {row[0]: row for row in rows}
+        kept = {row[0]: row for row in before["rows"] if row[0] in manifest}
+        rows = [new.get(name, kept.get(name)) for name in manifest if name in new or name in kept]
+        provenance = before["provenance"]
+        command = "python scripts/pretrained.py check --only " + " ".join(args.only)
+        for key, value in (("commands", command), ("machines", machine), ("dates", today)):
+            if value not in provenance[key]:
+                provenance[key].append(value)
+        note = (
+            f"{before['note']} Evaluated again on {today} in {minutes:.0f} minutes, alone "
+            f"(`--only`): {', '.join(args.only)}."
+        )
+    return {
+        "title": "Pretrained checkpoints, evaluated again",
+        "page": "docs/results/pretrained.md",
+        "provenance": provenance,
+        "note": note,
+        "columns": ["dataset", "planner (manifest)", "planner", "BC (manifest)", "BC"],
+        "rows": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     checking.add_argument("--machine", default="2-core CPU", help="named in the record")
     checking.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="evaluations run at a time"
+    )
+    checking.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="evaluate these checkpoints alone (e.g. one just added) and update their rows of "
+        "the record, keeping the others'",
     )
     checking.add_argument("extra", nargs="*", help="tt-eval overrides for every evaluation")
     args = parser.parse_args(argv)

@@ -198,3 +198,27 @@ def test_each_installed_checkpoint_plans_and_plays_one_episode_within_a_wide_ban
     spread = recorded["normalized_score_stderr"] * recorded["episodes"] ** 0.5
     band = max(4 * spread, script.SCORE_FLOOR)
     assert abs(score - recorded["normalized_score_mean"]) <= band, score
+
+
+def test_check_only_evaluates_the_named_checkpoints_and_keeps_the_others_rows(pretrained, tmp_path):
+    script = load_script()
+    record = tmp_path / "scores.json"
+    arguments = ["check", "--out", str(tmp_path / "again"), "--record", str(record)]
+    with pytest.raises(SystemExit, match=r"--only nope/x-v0: not in the manifest.*test/tiny-v0"):
+        script.main([*arguments, "--only", "nope/x-v0"])
+    before = {
+        "title": "Pretrained checkpoints, evaluated again",
+        "page": "docs/results/pretrained.md",
+        "provenance": {"commands": ["make results"], "machines": ["m"], "dates": ["2026-01-01"]},
+        "note": "Every pretrained checkpoint evaluated again in 20 minutes.",
+        "columns": ["dataset", "planner (manifest)", "planner", "BC (manifest)", "BC"],
+        "rows": [["gone/x-v0", "1", "1", "1", "1"], ["test/tiny-v0", "2", "2", "2", "2"]],
+    }
+    record.write_text(json.dumps(before))
+    script.main([*arguments, "--only", "test/tiny-v0"])
+    after = json.loads(record.read_text())
+    # A checkpoint no longer in the manifest leaves the table; the one named is measured again.
+    ((name, was, now, *_),) = after["rows"]
+    assert (name, was) == ("test/tiny-v0", "41.2 ± 2.5") and now != "2"
+    assert after["provenance"]["commands"][-1].endswith("check --only test/tiny-v0")
+    assert after["note"].startswith(before["note"]) and "test/tiny-v0" in after["note"]

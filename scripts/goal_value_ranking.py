@@ -1,0 +1,155 @@
+"""Does a goal-conditioned model's value rank states by how far they are from the goal?
+
+    python scripts/goal_value_ranking.py <run dir, model.pt or pretrained:<id>> \
+        --record planner-scores/<name>
+
+Along the dataset's own episodes that reach their goal (the last reward positive: a
+goal-reaching dataset's episodes end there), pairs of states `horizon` steps apart are drawn
+(`--pairs` in all, from `--seed`), and each state's value is what the search would read there:
+the model's expected value token after the state and its most likely action, with no context
+(`BeamPlanner`, horizon 1, one beam, greedy). A search of `horizon` transitions prefers the
+later state of a pair only where the value rises from the earlier one, as the controller that
+made the data is always getting closer. The table gives, by steps left to the goal, the share
+of pairs whose value rises, and the mean value against the data's own value target
+(`episodes.joint_transitions`: the discounted reward-to-go), which tells a value that is right
+on average but too imprecise to rank from one that is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trajectory_transformer import BeamPlanner
+from trajectory_transformer.checkpoint import value_targets_of
+from trajectory_transformer.data.episodes import joint_transitions
+from trajectory_transformer.data.minari_source import load_episodes
+
+ROOT = Path(__file__).resolve().parent.parent
+BUCKETS = (0, 30, 80, 160, 300)
+"""Lower edges of the steps-left buckets (the last one open)."""
+BATCH = 512
+
+
+def draw_pairs(
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    reached: np.ndarray,
+    horizon: int,
+    pairs: int,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """`pairs` rows (t, t + horizon) of transitions within episodes that reach their goal and
+    hold more than `horizon` transitions, drawn uniformly over such rows; and each pair's steps
+    left from t to the episode's end."""
+    eligible = np.flatnonzero(reached & (lengths > horizon))
+    if len(eligible) == 0:
+        raise SystemExit(
+            f"no episode both reaches its goal and holds more than {horizon} transitions"
+        )
+    per_episode = lengths[eligible] - horizon  # first rows each episode can pair
+    rng = np.random.default_rng(seed)
+    choice = rng.choice(int(per_episode.sum()), size=pairs, replace=pairs > per_episode.sum())
+    episode = np.searchsorted(np.cumsum(per_episode), choice, side="right")
+    offset = choice - np.concatenate([[0], np.cumsum(per_episode)])[episode]
+    first = starts[eligible][episode] + offset
+    left = lengths[eligible][episode] - offset
+    return np.stack([first, first + horizon], axis=1), left
+
+
+def values_at(planner: BeamPlanner, observations: np.ndarray) -> np.ndarray:
+    """The search's value at each observation: the expected value token after it and the
+    model's most likely action, with no context."""
+    out = []
+    for begin in range(0, len(observations), BATCH):
+        batch = torch.as_tensor(observations[begin : begin + BATCH], dtype=torch.float32)
+        planner.reset(len(batch), seed=0)
+        out.append(planner.plan(batch).values[:, 0, 0])
+    return torch.cat(out).cpu().numpy()
+
+
+def ranking_rows(value_now, value_later, truth, left) -> list[list[str]]:
+    rows = []
+    for low, high in zip(BUCKETS, (*BUCKETS[1:], None), strict=True):
+        chosen = (left >= low) & (left < high if high is not None else True)
+        if not chosen.any():
+            continue
+        rises = float((value_later[chosen] > value_now[chosen]).mean())
+        label = f"{low}-{high}" if high is not None else f"{low} or more"
+        rows.append(
+            [
+                label,
+                f"{int(chosen.sum()):,}",
+                f"{100 * rises:.0f}%",
+                f"{value_now[chosen].mean():.3f}",
+                f"{truth[chosen].mean():.3f}",
+            ]
+        )
+    return rows
+
+
+def write_record(name: str, rows: list[list[str]], checkpoint: str, horizon: int) -> Path:
+    """The table as the results record `name` (docs/results/records/<name>.json)."""
+    spec = importlib.util.spec_from_file_location(
+        "render_results", ROOT / "scripts" / "render_results.py"
+    )
+    render_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render_results)
+    path = render_results.RECORDS / f"{name}.json"
+    columns = [
+        "steps left to the goal",
+        "pairs",
+        f"value rises over {horizon} steps",
+        "mean value",
+        "mean value target",
+    ]
+    note = f"The checkpoint {checkpoint}; the dataset's own episodes and goals."
+    title = "How the value ranks states on the way to the goal"
+    render_results.write_measured(path, title, "goal_value_ranking.py", note, columns, rows)
+    return path
+
+
+def main(argv: list[str] | None = None) -> list[list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="a run dir, a model.pt, or pretrained:<dataset id>")
+    parser.add_argument("--horizon", type=int, default=9, help="steps between a pair's states")
+    parser.add_argument("--pairs", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--record", help="write the table as this results record")
+    args = parser.parse_args(argv)
+    planner = BeamPlanner.from_checkpoint(
+        args.checkpoint,
+        horizon=1,
+        beam_width=1,
+        n_expand=1,
+        context_transitions=0,
+        deterministic=True,
+    )
+    dataset = planner.dataset
+    if dataset is None:
+        raise SystemExit(f"{args.checkpoint} records no dataset to draw the episodes from")
+    episodes, _ = load_episodes(dataset.dataset_id)
+    rewards = episodes.rewards
+    reached = rewards[episodes.starts + episodes.lengths - 1] > 0
+    pairs, left = draw_pairs(
+        episodes.starts, episodes.lengths, reached, args.horizon, args.pairs, args.seed
+    )
+    discount, penalty = value_targets_of(planner.training_config)
+    truth = joint_transitions(episodes, discount, penalty)[:, -1]
+    observations = episodes.observations
+    now = values_at(planner, observations[pairs[:, 0]])
+    later = values_at(planner, observations[pairs[:, 1]])
+    rows = ranking_rows(now, later, truth[pairs[:, 0]], left)
+    for row in rows:
+        print(" | ".join(row))
+    if args.record:
+        print(f"wrote {write_record(args.record, rows, args.checkpoint, args.horizon)}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

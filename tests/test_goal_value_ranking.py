@@ -1,0 +1,43 @@
+"""scripts/goal_value_ranking.py: how a goal-conditioned model's value ranks states on the way
+to the goal."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "goal_value_ranking.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("goal_value_ranking", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pairs_lie_horizon_apart_within_episodes_that_reach_their_goal():
+    script = load_script()
+    # Three episodes: rows 0-4 (reaches), 5-14 (does not), 15-29 (reaches).
+    starts, lengths = np.array([0, 5, 15]), np.array([5, 10, 15])
+    reached = np.array([True, False, True])
+    pairs, left = script.draw_pairs(starts, lengths, reached, horizon=3, pairs=500, seed=0)
+    assert (pairs[:, 1] - pairs[:, 0] == 3).all()
+    first_episode = pairs[:, 0] < 5
+    # Episode 0 pairs rows 0-1 with 3-4; episode 2 rows 15-26 with 18-29; none from episode 1.
+    assert set(pairs[first_episode, 0]) == {0, 1}
+    assert set(pairs[~first_episode, 0]) == set(range(15, 27))
+    # Steps left: to the end of the episode, from the pair's first state.
+    ends = np.where(first_episode, 5, 30)
+    assert (left == ends - pairs[:, 0]).all()
+
+
+def test_the_table_of_an_untrained_maze_model(maze_checkpoint, capsys):
+    rows = load_script().main([str(maze_checkpoint), "--pairs", "40", "--horizon", "2"])
+    assert rows and sum(int(row[1]) for row in rows) == 40
+    for _, _, rises, value, target in rows:
+        assert 0 <= int(rises.rstrip("%")) <= 100
+        float(value), float(target)
+    assert capsys.readouterr().out.count("|") >= 4 * len(rows)

@@ -1,7 +1,7 @@
 """Does a goal-conditioned model's value rank states by how far they are from the goal?
 
-    python scripts/goal_value_ranking.py <run dir, model.pt or pretrained:<id>> \
-        --record planner-scores/<name>
+    python scripts/goal_value_ranking.py <run dir, model.pt or pretrained:<id>> ... \
+        [--labels <name> ...] --record planner-scores/<name>
 
 Along the dataset's own episodes that reach their goal (the last reward positive: a
 goal-reaching dataset's episodes end there), pairs of states `horizon` steps apart are drawn
@@ -9,10 +9,11 @@ goal-reaching dataset's episodes end there), pairs of states `horizon` steps apa
 the model's expected value token after the state and its most likely action, with no context
 (`BeamPlanner`, horizon 1, one beam, greedy). A search of `horizon` transitions prefers the
 later state of a pair only where the value rises from the earlier one, as the controller that
-made the data is always getting closer. The table gives, by steps left to the goal, the share
-of pairs whose value rises, and the mean value against the data's own value target
-(`episodes.joint_transitions`: the discounted reward-to-go), which tells a value that is right
-on average but too imprecise to rank from one that is wrong.
+made the data is always getting closer. The table gives, for each model and by steps left to
+the goal, the share of pairs whose value rises, and the mean value against the data's own
+value target (`episodes.joint_transitions`: the discounted reward-to-go), which tells a value
+that is right on average but too imprecise to rank from one that is wrong. Models of one
+dataset are valued on the same pairs.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ def ranking_rows(value_now, value_later, truth, left) -> list[list[str]]:
     return rows
 
 
-def write_record(name: str, rows: list[list[str]], checkpoint: str, horizon: int) -> Path:
+def write_record(name: str, rows: list[list[str]], horizon: int) -> Path:
     """The table as the results record `name` (docs/results/records/<name>.json)."""
     spec = importlib.util.spec_from_file_location(
         "render_results", ROOT / "scripts" / "render_results.py"
@@ -101,53 +102,57 @@ def write_record(name: str, rows: list[list[str]], checkpoint: str, horizon: int
     spec.loader.exec_module(render_results)
     path = render_results.RECORDS / f"{name}.json"
     columns = [
+        "model",
         "steps left to the goal",
         "pairs",
         f"value rises over {horizon} steps",
         "mean value",
         "mean value target",
     ]
-    note = f"The checkpoint {checkpoint}; the dataset's own episodes and goals."
+    note = "The dataset's own episodes and goals; the same pairs for every model."
     title = "How the value ranks states on the way to the goal"
     render_results.write_measured(path, title, "goal_value_ranking.py", note, columns, rows)
     return path
 
 
+def ranking_of(checkpoint: str, horizon: int, pairs: int, seed: int) -> list[list[str]]:
+    """The table's rows for one checkpoint, on its own dataset."""
+    planner = BeamPlanner.from_checkpoint(
+        checkpoint, horizon=1, beam_width=1, n_expand=1, context_transitions=0, deterministic=True
+    )
+    if planner.dataset is None:
+        raise SystemExit(f"{checkpoint} records no dataset to draw the episodes from")
+    episodes, _ = load_episodes(planner.dataset.dataset_id)
+    reached = episodes.rewards[episodes.starts + episodes.lengths - 1] > 0
+    rows, left = draw_pairs(episodes.starts, episodes.lengths, reached, horizon, pairs, seed)
+    discount, penalty = value_targets_of(planner.training_config)
+    truth = joint_transitions(episodes, discount, penalty)[:, -1]
+    now = values_at(planner, episodes.observations[rows[:, 0]])
+    later = values_at(planner, episodes.observations[rows[:, 1]])
+    return ranking_rows(now, later, truth[rows[:, 0]], left)
+
+
 def main(argv: list[str] | None = None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="a run dir, a model.pt, or pretrained:<dataset id>")
+    parser.add_argument(
+        "checkpoints", nargs="+", help="run dirs, model.pt files, or pretrained:<dataset id>"
+    )
+    parser.add_argument("--labels", nargs="+", help="each checkpoint's name in the table")
     parser.add_argument("--horizon", type=int, default=9, help="steps between a pair's states")
     parser.add_argument("--pairs", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--record", help="write the table as this results record")
     args = parser.parse_args(argv)
-    planner = BeamPlanner.from_checkpoint(
-        args.checkpoint,
-        horizon=1,
-        beam_width=1,
-        n_expand=1,
-        context_transitions=0,
-        deterministic=True,
-    )
-    dataset = planner.dataset
-    if dataset is None:
-        raise SystemExit(f"{args.checkpoint} records no dataset to draw the episodes from")
-    episodes, _ = load_episodes(dataset.dataset_id)
-    rewards = episodes.rewards
-    reached = rewards[episodes.starts + episodes.lengths - 1] > 0
-    pairs, left = draw_pairs(
-        episodes.starts, episodes.lengths, reached, args.horizon, args.pairs, args.seed
-    )
-    discount, penalty = value_targets_of(planner.training_config)
-    truth = joint_transitions(episodes, discount, penalty)[:, -1]
-    observations = episodes.observations
-    now = values_at(planner, observations[pairs[:, 0]])
-    later = values_at(planner, observations[pairs[:, 1]])
-    rows = ranking_rows(now, later, truth[pairs[:, 0]], left)
-    for row in rows:
-        print(" | ".join(row))
+    labels = args.labels or args.checkpoints
+    if len(labels) != len(args.checkpoints):
+        raise SystemExit(f"{len(args.checkpoints)} checkpoints but {len(labels)} --labels")
+    rows = []
+    for label, checkpoint in zip(labels, args.checkpoints, strict=True):
+        for row in ranking_of(checkpoint, args.horizon, args.pairs, args.seed):
+            rows.append([label, *row])
+            print(" | ".join(rows[-1]))
     if args.record:
-        print(f"wrote {write_record(args.record, rows, args.checkpoint, args.horizon)}")
+        print(f"wrote {write_record(args.record, rows, args.horizon)}")
     return rows
 
 

@@ -35,9 +35,11 @@ def test_pairs_lie_horizon_apart_within_episodes_that_reach_their_goal():
 
 
 def test_the_table_of_an_untrained_maze_model(maze_checkpoint, capsys):
-    rows = load_script().main([str(maze_checkpoint), "--pairs", "40", "--horizon", "2"])
-    assert rows and sum(int(row[1]) for row in rows) == 40
-    for _, _, rises, value, target in rows:
+    arguments = [str(maze_checkpoint), "--pairs", "40", "--horizon", "2", "--labels", "tiny"]
+    rows = load_script().main(arguments)
+    assert rows and sum(int(row[2]) for row in rows) == 40
+    for label, _, _, rises, value, target in rows:
+        assert label == "tiny"
         assert 0 <= int(rises.rstrip("%")) <= 100
         float(value), float(target)
     assert capsys.readouterr().out.count("|") >= 4 * len(rows)

@@ -34,6 +34,7 @@ keeping the others' as the last full check measured them.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -265,12 +266,22 @@ def check(args: argparse.Namespace) -> int:
     path = Path(args.record)
     record = scores_record(path, manifest, rows, minutes, args)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+    path.write_text(render_results().format_record(record))
     print(f"{len(checked)} checkpoints in {minutes:.1f} minutes; table: {path}")
     if disagreements:
         print(f"disagree with the manifest: {', '.join(disagreements)}")
         return 1
     return 0
+
+
+def render_results():
+    """scripts/render_results.py, which stores every record one row to a line."""
+    spec = importlib.util.spec_from_file_location(
+        "render_results", REPOSITORY / "scripts" / "render_results.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def scores_record(
@@ -298,7 +309,7 @@ def scores_record(
             if value not in provenance[key]:
                 provenance[key].append(value)
         note = (
-            f"{before['note']} Evaluated again on {today} in {minutes:.0f} minutes, alone "
+            f"{before['note']} Evaluated again on {today} in {minutes:.1f} minutes, alone "
             f"(`--only`): {', '.join(args.only)}."
         )
     return {

@@ -19,18 +19,17 @@ dataset are valued on the same pairs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import torch
+from render_results import RECORDS, write_measured
 
 from trajectory_transformer import BeamPlanner
 from trajectory_transformer.checkpoint import value_targets_of
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 
-ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = (0, 30, 80, 160, 300)
 """Lower edges of the steps-left buckets (the last one open)."""
 BATCH = 512
@@ -95,12 +94,7 @@ def ranking_rows(value_now, value_later, truth, left) -> list[list[str]]:
 
 def write_record(name: str, rows: list[list[str]], horizon: int) -> Path:
     """The table as the results record `name` (docs/results/records/<name>.json)."""
-    spec = importlib.util.spec_from_file_location(
-        "render_results", ROOT / "scripts" / "render_results.py"
-    )
-    render_results = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render_results)
-    path = render_results.RECORDS / f"{name}.json"
+    path = RECORDS / f"{name}.json"
     columns = [
         "model",
         "steps left to the goal",
@@ -111,7 +105,7 @@ def write_record(name: str, rows: list[list[str]], horizon: int) -> Path:
     ]
     note = "The dataset's own episodes and goals; the same pairs for every model."
     title = "How the value ranks states on the way to the goal"
-    render_results.write_measured(path, title, "goal_value_ranking.py", note, columns, rows)
+    write_measured(path, title, "goal_value_ranking.py", note, columns, rows)
     return path
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import os
 import time
 from pathlib import Path
@@ -36,13 +35,13 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn.functional as F
+from render_results import RECORDS, write_measured
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.scores import normalized_score
 from trajectory_transformer.training.loss import GaussianTargets
 
-ROOT = Path(__file__).resolve().parent.parent
 BINS = 100
 HIDDEN = 256
 BATCH = 256
@@ -175,12 +174,7 @@ def play(act, decoding: str, env_id: str, info, episodes: int, seed: int) -> tup
 
 def write_record(name: str, rows: list[list[str]], dataset: str, data_score: float) -> Path:
     """The table as the results record `name` (docs/results/records/<name>.json)."""
-    spec = importlib.util.spec_from_file_location(
-        "render_results", ROOT / "scripts" / "render_results.py"
-    )
-    render_results = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render_results)
-    path = render_results.RECORDS / f"{name}.json"
+    path = RECORDS / f"{name}.json"
     columns = [
         "inputs",
         "action output",
@@ -192,7 +186,7 @@ def write_record(name: str, rows: list[list[str]], dataset: str, data_score: flo
     ]
     note = f"The data's own score: {data_score:.1f}."
     title = f"What limits imitation on {dataset}"
-    render_results.write_measured(path, title, "imitation_probe.py", note, columns, rows)
+    write_measured(path, title, "imitation_probe.py", note, columns, rows)
     return path
 
 

@@ -34,7 +34,6 @@ keeping the others' as the last full check measured them.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -51,6 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from render_results import format_record
 
 from trajectory_transformer.checkpoint import (
     PLANNING_MODEL,
@@ -266,22 +266,12 @@ def check(args: argparse.Namespace) -> int:
     path = Path(args.record)
     record = scores_record(path, manifest, rows, minutes, args)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_results().format_record(record))
+    path.write_text(format_record(record))
     print(f"{len(checked)} checkpoints in {minutes:.1f} minutes; table: {path}")
     if disagreements:
         print(f"disagree with the manifest: {', '.join(disagreements)}")
         return 1
     return 0
-
-
-def render_results():
-    """scripts/render_results.py, which stores every record one row to a line."""
-    spec = importlib.util.spec_from_file_location(
-        "render_results", REPOSITORY / "scripts" / "render_results.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def scores_record(

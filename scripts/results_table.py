@@ -26,7 +26,6 @@ score in the evaluation env, which its metadata records, and the table says so.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 import yaml
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
+from render_results import write_measured
 
 from trajectory_transformer.checkpoint import read_payload
 from trajectory_transformer.cli.common import compose, override_error
@@ -150,13 +150,8 @@ def dataset_score(dataset_id: str) -> float:
 def write_record(path: Path, columns: list[str], rows: list[list[str]], note: str) -> None:
     """The table as a results record (docs/results/records/), in scripts/render_results.py's
     format, with the command that measured it, the machine and the date."""
-    spec = importlib.util.spec_from_file_location(
-        "render_results", Path(__file__).resolve().parent / "render_results.py"
-    )
-    render_results = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render_results)
     title = "Planner against behaviour cloning and the data"
-    render_results.write_measured(path, title, "results_table.py", note, columns, rows)
+    write_measured(path, title, "results_table.py", note, columns, rows)
 
 
 def main() -> None:

@@ -82,7 +82,8 @@ class PlannerConfig:
     (`BeamPlanner._stay_at_goal`). A goal-reaching dataset's episodes end on arrival, so its
     model's own actions at a goal are the data's, which pass through. None: the model's
     actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), so
-    that an env that drifts out is brought back."""
+    that an env that drifts out is brought back. Needs sampled actions (not `deterministic`,
+    nor `k_act=1`)."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or

@@ -72,7 +72,11 @@ def values_at(planner: BeamPlanner, observations: np.ndarray) -> np.ndarray:
     return torch.cat(out).cpu().numpy()
 
 
-def ranking_rows(value_now, value_later, truth, left) -> list[list[str]]:
+def ranking_rows(
+    value_now: np.ndarray, value_later: np.ndarray, truth: np.ndarray, left: np.ndarray
+) -> list[list[str]]:
+    """One row per bucket of steps left (`BUCKETS`, from `left`, each pair's first state): the
+    pairs in it, the share whose value rises, the mean value now and its target (`truth`)."""
     rows = []
     for low, high in zip(BUCKETS, (*BUCKETS[1:], None), strict=True):
         chosen = (left >= low) & (left < high if high is not None else True)

@@ -3,27 +3,17 @@ to the goal."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
+import goal_value_ranking  # scripts/, on pytest's path
 import numpy as np
-
-SCRIPT = Path(__file__).parents[1] / "scripts" / "goal_value_ranking.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("goal_value_ranking", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_pairs_lie_horizon_apart_within_episodes_that_reach_their_goal():
-    script = load_script()
     # Three episodes: rows 0-4 (reaches), 5-14 (does not), 15-29 (reaches).
     starts, lengths = np.array([0, 5, 15]), np.array([5, 10, 15])
     reached = np.array([True, False, True])
-    pairs, left = script.draw_pairs(starts, lengths, reached, horizon=3, pairs=500, seed=0)
+    pairs, left = goal_value_ranking.draw_pairs(
+        starts, lengths, reached, horizon=3, pairs=500, seed=0
+    )
     assert (pairs[:, 1] - pairs[:, 0] == 3).all()
     first_episode = pairs[:, 0] < 5
     # Episode 0 pairs rows 0-1 with 3-4; episode 2 rows 15-26 with 18-29; none from episode 1.
@@ -36,7 +26,7 @@ def test_pairs_lie_horizon_apart_within_episodes_that_reach_their_goal():
 
 def test_the_table_of_an_untrained_maze_model(maze_checkpoint, capsys):
     arguments = [str(maze_checkpoint), "--pairs", "40", "--horizon", "2", "--labels", "tiny"]
-    rows = load_script().main(arguments)
+    rows = goal_value_ranking.main(arguments)
     assert rows and sum(int(row[2]) for row in rows) == 40
     for label, _, _, rises, value, target in rows:
         assert label == "tiny"

@@ -7,6 +7,7 @@ import typing
 from dataclasses import dataclass, fields, replace
 
 from trajectory_transformer.data.episodes import DISCOUNT
+from trajectory_transformer.planning.sampling import draws_noise
 
 TOKEN_KINDS = ("obs", "act", "reward", "value")
 """The kinds of token a planned transition samples, in `PlannerConfig.token_sampling`."""
@@ -143,7 +144,8 @@ class PlannerConfig:
             raise ValueError(
                 f"planner.goal_radius must be positive or None, got {self.goal_radius}"
             )
-        if self.goal_radius is not None and (self.deterministic or self.k_act == 1):
+        greedy = not draws_noise(top_k=self.k_act, deterministic=self.deterministic)
+        if self.goal_radius is not None and greedy:
             # At the goal the candidates try actions drawn uniformly: a greedy search draws none.
             raise ValueError(
                 "planner.goal_radius draws the actions of an env at its goal, and this search "

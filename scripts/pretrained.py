@@ -290,9 +290,8 @@ def scores_record(
     provenance = {"commands": ["make results"], "machines": [machine], "dates": [today]}
     if args.only and path.is_file():
         before = json.loads(path.read_text())
-        new = {row[0]: row for row in rows}
-        kept = {row[0]: row for row in before["rows"] if row[0] in manifest}
-        rows = [new.get(name, kept.get(name)) for name in manifest if name in new or name in kept]
+        merged = {row[0]: row for row in before["rows"]} | {row[0]: row for row in rows}
+        rows = [merged[name] for name in manifest if name in merged]
         provenance = before["provenance"]
         command = "python scripts/pretrained.py check --only " + " ".join(args.only)
         for key, value in (("commands", command), ("machines", machine), ("dates", today)):

@@ -54,8 +54,9 @@ def draw_pairs(
     per_episode = lengths[eligible] - horizon  # first rows each episode can pair
     rng = np.random.default_rng(seed)
     choice = rng.choice(int(per_episode.sum()), size=pairs, replace=pairs > per_episode.sum())
-    episode = np.searchsorted(np.cumsum(per_episode), choice, side="right")
-    offset = choice - np.concatenate([[0], np.cumsum(per_episode)])[episode]
+    ends = np.cumsum(per_episode)
+    episode = np.searchsorted(ends, choice, side="right")
+    offset = choice - (ends - per_episode)[episode]
     first = starts[eligible][episode] + offset
     left = lengths[eligible][episode] - offset
     return np.stack([first, first + horizon], axis=1), left

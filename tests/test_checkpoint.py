@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import pickle
 import re
 from dataclasses import replace
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import results_table as script
 import torch
 from conftest import tiny_training, tiny_training_info
 
@@ -89,11 +89,6 @@ def test_training_resumes_on_the_cpu_from_a_cuda_checkpoint(cuda_checkpoint):
 
 
 def test_results_table_reads_a_cuda_checkpoint(cuda_checkpoint, monkeypatch):
-    spec = importlib.util.spec_from_file_location(
-        "results_table", REPO / "scripts" / "results_table.py"
-    )
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     monkeypatch.setattr(script, "run", lambda command: pytest.fail(f"retrained: {command}"))
     # A finished checkpoint is reused, not trained again.
     assert script.train("pendulum-medium", 0, cuda_checkpoint.parent, []) == cuda_checkpoint

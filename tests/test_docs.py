@@ -3,32 +3,20 @@ short README, and relative links that lead to files."""
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import config_reference
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MOST_LINES = 250
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
-@functools.cache
-def config_reference():
-    """scripts/config_reference.py, imported."""
-    spec = importlib.util.spec_from_file_location(
-        "config_reference", ROOT / "scripts" / "config_reference.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_key_of_every_command_has_a_description():
-    missing = config_reference().missing_descriptions()
+    missing = config_reference.missing_descriptions()
     assert not missing, (
         "config fields without a docstring (a string literal right after the field): "
         + ", ".join(missing)
@@ -36,7 +24,7 @@ def test_every_key_of_every_command_has_a_description():
 
 
 def test_the_configuration_reference_is_what_the_code_writes():
-    reference = config_reference()
+    reference = config_reference
     page = reference.PAGE
     assert page.is_file(), f"{page} is missing: run python scripts/config_reference.py"
     assert page.read_text() == reference.render(), (
@@ -45,7 +33,7 @@ def test_the_configuration_reference_is_what_the_code_writes():
 
 
 def test_the_reference_names_every_key_with_its_range():
-    text = config_reference().render()
+    text = config_reference.render()
     for key, allowed in (
         ("trainer.batch_size", "at least 1"),
         ("trainer.schedule", "one of cosine, wsd, schedule_free"),
@@ -62,7 +50,7 @@ def test_the_reference_names_every_key_with_its_range():
 
 def test_the_reference_gives_the_default_recipes_values():
     """The default recipe sets keys of several groups: each shows its value there."""
-    text = config_reference().render()
+    text = config_reference.render()
     for key, value in (("dataset.discretizer", "uniform"), ("trainer.learning_rate", "3e-3")):
         row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
         assert f"(`{value}` in `recipe=precise`)" in row, row

@@ -1,23 +1,10 @@
 """scripts/imitation_probe.py: its imitators learn a linear law, from real inputs, with every
 kind of output it compares."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
+import imitation_probe as probe
 import numpy as np
 import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "imitation_probe.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("imitation_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize(
@@ -30,7 +17,6 @@ def load_script():
     ],
 )
 def test_an_imitator_learns_a_linear_law_from_real_inputs(output, bins, sigma, decoding):
-    probe = load_script()
     rng = np.random.default_rng(0)
     observations = rng.normal(size=(4000, 3)).astype(np.float32)
     law = np.array([[0.3], [-0.2], [0.1]], np.float32)

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).parents[1] / "scripts" / "results_table.py"
-
-
-@pytest.fixture
-def script():
-    spec = importlib.util.spec_from_file_location("results_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+import render_results
+import results_table as script
 
 
-def test_each_dataset_takes_its_own_seeds_and_names_them(script, tmp_path, monkeypatch):
+def test_each_dataset_takes_its_own_seeds_and_names_them(tmp_path, monkeypatch):
     scores = {("hopper-embedded-medium", "default"): [60.0, 70.0, 65.0]}
     scores[("hopper-embedded-medium", "bc")] = [40.0, 50.0, 45.0]
     scores[("hopper-embedded-medium-expert", "default")] = [80.0]
@@ -58,7 +48,7 @@ def test_each_dataset_takes_its_own_seeds_and_names_them(script, tmp_path, monke
     assert summary["seeds"] == [0, 1, 2] and summary["scores"]["bc"] == [40.0, 50.0, 45.0]
 
 
-def test_an_unknown_dataset_is_refused_before_training(script, monkeypatch, capsys):
+def test_an_unknown_dataset_is_refused_before_training(monkeypatch, capsys):
     monkeypatch.setattr(script, "train", lambda *a: pytest.fail("trained"))
     monkeypatch.setattr(sys, "argv", ["results_table.py", "--datasets", "hopper-mediun:0"])
     with pytest.raises(SystemExit):
@@ -66,7 +56,7 @@ def test_an_unknown_dataset_is_refused_before_training(script, monkeypatch, caps
     assert "unknown dataset 'hopper-mediun'" in capsys.readouterr().err
 
 
-def test_a_maze_is_compared_with_its_behaviour_policy(script, tmp_path, monkeypatch):
+def test_a_maze_is_compared_with_its_behaviour_policy(tmp_path, monkeypatch):
     """pointmaze/* episodes each end at a random goal (return 1): the data column is the
     behaviour policy's score in the evaluation env, from the metadata, and the note says so."""
     from types import SimpleNamespace
@@ -89,7 +79,7 @@ def test_a_maze_is_compared_with_its_behaviour_policy(script, tmp_path, monkeypa
     assert "Dataset mean of pointmaze/umaze-v0: its behaviour policy's score" in table
 
 
-def test_an_evaluation_is_reused_only_with_the_same_play_settings(script, tmp_path, monkeypatch):
+def test_an_evaluation_is_reused_only_with_the_same_play_settings(tmp_path, monkeypatch):
     checkpoint = tmp_path / "seed0" / "checkpoint.pt"
     run_dir = checkpoint.parent / "eval_default"
     run_dir.mkdir(parents=True)
@@ -109,7 +99,7 @@ def test_an_evaluation_is_reused_only_with_the_same_play_settings(script, tmp_pa
     assert len(ran) == 3 and ran[0][-2:] == ["planner.horizon=5", "eval.num_envs=5"]
 
 
-def test_an_interrupted_training_continues_from_its_checkpoint(script, tmp_path, monkeypatch):
+def test_an_interrupted_training_continues_from_its_checkpoint(tmp_path, monkeypatch):
     checkpoint = tmp_path / "checkpoint.pt"
     checkpoint.touch()
     finished = {"finished": False}
@@ -123,7 +113,7 @@ def test_an_interrupted_training_continues_from_its_checkpoint(script, tmp_path,
     assert len(ran) == 1
 
 
-def test_the_table_is_also_written_as_a_results_record(script, tmp_path, monkeypatch):
+def test_the_table_is_also_written_as_a_results_record(tmp_path, monkeypatch):
     """--record writes the table in scripts/render_results.py's format: the pages' tables that
     show the record are then written from it."""
     monkeypatch.setattr(script, "train", lambda d, s, run_dir, o: run_dir / "checkpoint.pt")
@@ -143,10 +133,5 @@ def test_the_table_is_also_written_as_a_results_record(script, tmp_path, monkeyp
         ["pendulum/medium-replay-v0", "27.2", *["90.0 (one seed)"] * 2, "0", "12 + 1"]
     ]
     assert written["provenance"]["commands"][0].endswith(f"--record {record}")
-    spec = importlib.util.spec_from_file_location(
-        "render_results", SCRIPT.parent / "render_results.py"
-    )
-    render_results = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(render_results)
     table = render_results.table("planner-scores/pendulum", records=tmp_path / "records")
     assert table == (tmp_path / "table.md").read_text().split("\nNormalised")[0] + "\n"

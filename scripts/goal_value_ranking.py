@@ -19,6 +19,8 @@ dataset are valued on the same pairs.
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from render_results import RECORDS, write_measured
 
 from trajectory_transformer import BeamPlanner
 from trajectory_transformer.checkpoint import value_targets_of
-from trajectory_transformer.data.episodes import joint_transitions
+from trajectory_transformer.data.episodes import Episodes, joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 
 BUCKETS = (0, 30, 80, 160, 300)
@@ -114,14 +116,16 @@ def write_record(name: str, rows: list[list[str]], horizon: int) -> Path:
     return path
 
 
-def ranking_of(checkpoint: str, horizon: int, pairs: int, seed: int) -> list[list[str]]:
-    """The table's rows for one checkpoint, on its own dataset."""
+def ranking_of(
+    checkpoint: str, horizon: int, pairs: int, seed: int, episodes_of: Callable[[str], Episodes]
+) -> list[list[str]]:
+    """The table's rows for one checkpoint, on its own dataset's episodes (`episodes_of(id)`)."""
     planner = BeamPlanner.from_checkpoint(
         checkpoint, horizon=1, beam_width=1, n_expand=1, context_transitions=0, deterministic=True
     )
     if planner.dataset is None:
         raise SystemExit(f"{checkpoint} records no dataset to draw the episodes from")
-    episodes, _ = load_episodes(planner.dataset.dataset_id)
+    episodes = episodes_of(planner.dataset.dataset_id)
     reached = episodes.rewards[episodes.starts + episodes.lengths - 1] > 0
     rows, left = draw_pairs(episodes.starts, episodes.lengths, reached, horizon, pairs, seed)
     discount, penalty = value_targets_of(planner.training_config)
@@ -145,9 +149,11 @@ def main(argv: list[str] | None = None) -> list[list[str]]:
     labels = args.labels or args.checkpoints
     if len(labels) != len(args.checkpoints):
         raise SystemExit(f"{len(args.checkpoints)} checkpoints but {len(labels)} --labels")
+    # Checkpoints of one dataset share its episodes: read once.
+    episodes_of = functools.cache(lambda dataset_id: load_episodes(dataset_id)[0])
     rows = []
     for label, checkpoint in zip(labels, args.checkpoints, strict=True):
-        for row in ranking_of(checkpoint, args.horizon, args.pairs, args.seed):
+        for row in ranking_of(checkpoint, args.horizon, args.pairs, args.seed, episodes_of):
             rows.append([label, *row])
             print(" | ".join(rows[-1]))
     if args.record:

@@ -298,8 +298,8 @@ def scores_record(
             if value not in provenance[key]:
                 provenance[key].append(value)
         note = (
-            f"{before['note']} Evaluated again on {today} in {minutes:.1f} minutes, alone "
-            f"(`--only`): {', '.join(args.only)}."
+            f"{before['note']} Checked again by name (`--only`) on {today}, in "
+            f"{minutes:.1f} minutes: {', '.join(args.only)}."
         )
     return {
         "title": "Pretrained checkpoints, evaluated again",

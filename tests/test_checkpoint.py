@@ -24,8 +24,6 @@ from trajectory_transformer.checkpoint import (
 from trajectory_transformer.planning import BeamPlanner
 from trajectory_transformer.training.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @contextlib.contextmanager
 def tagged_as_cuda():

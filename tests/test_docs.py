@@ -24,10 +24,9 @@ def test_every_key_of_every_command_has_a_description():
 
 
 def test_the_configuration_reference_is_what_the_code_writes():
-    reference = config_reference
-    page = reference.PAGE
+    page = config_reference.PAGE
     assert page.is_file(), f"{page} is missing: run python scripts/config_reference.py"
-    assert page.read_text() == reference.render(), (
+    assert page.read_text() == config_reference.render(), (
         f"{page.relative_to(ROOT)} is stale: run python scripts/config_reference.py (or make docs)"
     )
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import run_module, untrained_checkpoint
 
-import pretrained as pretrained_script
+import pretrained as script
 from trajectory_transformer.checkpoint import CheckpointError, load_checkpoint, pretrained_file
 from trajectory_transformer.planning import BeamPlanner
 
@@ -41,7 +41,7 @@ def pretrained(tmp_path, tiny_dataset, monkeypatch):
     bc = hydra_run(tmp_path / "bc", ["checkpoint=x", *cloned, *small], scores)
     out = tmp_path / "pretrained"
     arguments = ["add", str(run), "--planner", str(planner), "--bc", str(bc)]
-    pretrained_script.main([*arguments, "--commit", "abc123", "--out", str(out)])
+    script.main([*arguments, "--commit", "abc123", "--out", str(out)])
     monkeypatch.setenv("TT_PRETRAINED_DIR", str(out))
     return out, model
 
@@ -115,7 +115,6 @@ def test_make_results_evaluates_every_checkpoint_again_and_finds_what_disagrees(
     pretrained, tmp_path
 ):
     out, _ = pretrained
-    script = pretrained_script
     record = tmp_path / "scores.json"
     arguments = ["check", "--out", str(tmp_path / "again"), "--record", str(record)]
     # The manifest's made-up scores (41.2 ± 2.5) are not what the untrained model plays.
@@ -140,7 +139,7 @@ def test_make_results_evaluates_every_checkpoint_again_and_finds_what_disagrees(
 
 
 def test_two_scores_agree_within_twice_their_combined_standard_error():
-    agrees = pretrained_script.agrees
+    agrees = script.agrees
     assert agrees(50.0, 3.0, {"normalized_score_mean": 59.9, "normalized_score_stderr": 4.0})
     assert not agrees(50.0, 3.0, {"normalized_score_mean": 60.1, "normalized_score_stderr": 4.0})
     # A score every episode reaches alike: its standard error is near zero, and hundredths
@@ -171,7 +170,6 @@ def test_each_installed_checkpoint_plans_and_plays_one_episode_within_a_wide_ban
     and scores within four of its episodes' standard deviations of the manifest's mean, or
     `SCORE_FLOOR` (`make results` checks the scores themselves; a planner's whole episode is
     up to a minute on one core)."""
-    script = pretrained_script
     planner = script.evaluation_overrides(name, entry["scores"]["planner"])
     few = ["eval.episodes=1", "eval.num_envs=1", "eval.max_episode_steps=5"]
     result = run_module(
@@ -192,7 +190,6 @@ def test_each_installed_checkpoint_plans_and_plays_one_episode_within_a_wide_ban
 
 
 def test_check_only_evaluates_the_named_checkpoints_and_keeps_the_others_rows(pretrained, tmp_path):
-    script = pretrained_script
     record = tmp_path / "scores.json"
     arguments = ["check", "--out", str(tmp_path / "again"), "--record", str(record)]
     with pytest.raises(SystemExit, match=r"--only nope/x-v0: not in the manifest.*test/tiny-v0"):

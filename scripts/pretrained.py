@@ -297,10 +297,20 @@ def scores_record(
         for key, value in (("commands", command), ("machines", machine), ("dates", today)):
             if value not in provenance[key]:
                 provenance[key].append(value)
-        note = (
-            f"{before['note']} Checked again by name (`--only`) on {today}, in "
-            f"{minutes:.1f} minutes: {', '.join(args.only)}."
-        )
+        # One sentence names every checkpoint checked by name since the full check, each
+        # with its latest date, however often `--only` runs.
+        by_name = before.get("checked_by_name", {}) | dict.fromkeys(args.only, today)
+        by_name = {name: by_name[name] for name in manifest if name in by_name}
+        note = before.get("full_check_note", before["note"])
+        return {
+            **scores_head(provenance, note + " " + by_name_sentence(by_name), rows),
+            "full_check_note": note,
+            "checked_by_name": by_name,
+        }
+    return scores_head(provenance, note, rows)
+
+
+def scores_head(provenance: dict, note: str, rows: list[list[str]]) -> dict:
     return {
         "title": "Pretrained checkpoints, evaluated again",
         "page": "docs/results/pretrained.md",
@@ -309,6 +319,12 @@ def scores_record(
         "columns": ["dataset", "planner (manifest)", "planner", "BC (manifest)", "BC"],
         "rows": rows,
     }
+
+
+def by_name_sentence(by_name: dict[str, str]) -> str:
+    """`Checked again by name (--only): a (date), b (date).`"""
+    checked = ", ".join(f"{name} ({day})" for name, day in by_name.items())
+    return f"Checked again by name (`--only`): {checked}."
 
 
 def main(argv: list[str] | None = None) -> int:

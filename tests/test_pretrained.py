@@ -210,3 +210,7 @@ def test_check_only_evaluates_the_named_checkpoints_and_keeps_the_others_rows(pr
     assert (name, was) == ("test/tiny-v0", "41.2 ± 2.5") and now != "2"
     assert after["provenance"]["commands"][-1].endswith("check --only test/tiny-v0")
     assert after["note"].startswith(before["note"]) and "test/tiny-v0" in after["note"]
+    # Checked by name again: the note still names it once, not once per check.
+    script.main([*arguments, "--only", "test/tiny-v0"])
+    again = json.loads(record.read_text())
+    assert again["note"] == after["note"] and again["note"].count("test/tiny-v0") == 1

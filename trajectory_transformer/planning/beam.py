@@ -213,8 +213,12 @@ class BeamPlanner:
         return network.to(self.device).eval()
 
     def _goal_layout(self) -> GoalLayout | None:
-        """Where `goal_radius` reads the goal and the position in an observation."""
-        if self.config.goal_radius is None:
+        """Where `goal_radius` and `goal_reward_radius` read the goal and the position in an
+        observation."""
+        named = [
+            name for name in ("goal_radius", "goal_reward_radius") if getattr(self.config, name)
+        ]
+        if not named:
             return None
         layout = self.dataset.observation_layout if self.dataset is not None else None
         try:
@@ -222,9 +226,9 @@ class BeamPlanner:
         except ValueError:
             keys = "no Dict layout" if layout is None else f"the keys {[k for k, _ in layout]}"
             raise ValueError(
-                "planner.goal_radius keeps an env at its goal, read from the observation's "
+                f"planner.{named[0]} reads the position and the goal from the observation's "
                 f"achieved_goal and desired_goal, and this model's observations have {keys}; "
-                "leave planner.goal_radius=null"
+                f"leave planner.{named[0]}=null"
             ) from None
 
     def _with_discount(self, config: PlannerConfig) -> PlannerConfig:
@@ -699,13 +703,13 @@ class BeamPlanner:
             scores = self._stay_at_goal(beams.tokens, h, scores, at_goal)
         return scores
 
-    def _at_goal(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Whether each candidate's env is within `goal_radius` of its goal (rows,), read from
-        its current observation, the plan's first."""
+    def _at_goal(self, tokens: torch.Tensor, radius: float) -> torch.Tensor:
+        """Whether the position of each row's observation (its first O tokens) is within
+        `radius` of its goal (rows,)."""
         goals, decode = self.goals, self.discretizer.decode
         desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
         now = decode(tokens[:, goals.achieved], goals.achieved)
-        return (now - desired).norm(dim=-1) <= self.config.goal_radius
+        return (now - desired).norm(dim=-1) <= radius
 
     def _stay_at_goal(
         self, tokens: torch.Tensor, h: int, scores: torch.Tensor, at_goal: torch.Tensor
@@ -829,7 +833,8 @@ class BeamPlanner:
         # With `goal_radius`, the candidates of an env at its goal try actions drawn uniformly
         # over the bins (the model's own there are the data's, which pass through goals), and
         # score by `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
-        at_goal = None if self.goals is None else self._at_goal(beams.tokens)  # (rows,)
+        with_radius = self.config.goal_radius is not None
+        at_goal = self._at_goal(beams.tokens, self.config.goal_radius) if with_radius else None
 
         for h in range(H):
             column = h * T  # transition h's first plan column
@@ -848,6 +853,10 @@ class BeamPlanner:
             # Reward and value: their expectations score the candidate; a token of each is
             # fed back into the sequence.
             reward = self._expected(logits, REWARD)  # (rows,)
+            if self.config.goal_reward_radius is not None:
+                # Where transition h starts: within the radius of its goal or not.
+                start = beams.tokens[:, column : column + obs_dim]
+                reward = self._at_goal(start, self.config.goal_reward_radius).to(reward.dtype)
             beams.tokens[:, column + REWARD] = token = self._sample(
                 logits, "reward", noise.rows("reward", 0, h)
             )

@@ -85,6 +85,14 @@ class PlannerConfig:
     actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), so
     that an env that drifts out is brought back. Needs sampled actions (not `deterministic`,
     nor `k_act=1`)."""
+    goal_reward_radius: float | None = None
+    """On a goal-conditioned dataset, the distance from its goal within which a planned
+    position earns a reward of 1, in place of the model's expected reward token (a sparse goal
+    reward: gymnasium-robotics' mazes reward 1 within 0.45). A goal-reaching dataset's episodes
+    end on arrival, so its model has seen a reward only for entering a goal, never for staying:
+    scored by it, a plan that leaves the goal and comes back outscores one that stays. Planned
+    transition `h` is rewarded for where it starts (its end is decoded with the next one; the
+    value after the last covers it). None: the model's rewards."""
     agent: str = "beam"
     """What tt-eval plays: `beam`, this beam search over the checkpoint's model; or `iql`, the
     IQL policy of the critic checkpoint given as tt-eval's `checkpoint`, without model or
@@ -143,6 +151,11 @@ class PlannerConfig:
         if self.goal_radius is not None and self.goal_radius <= 0.0:
             raise ValueError(
                 f"planner.goal_radius must be positive or None, got {self.goal_radius}"
+            )
+        if self.goal_reward_radius is not None and self.goal_reward_radius <= 0.0:
+            raise ValueError(
+                "planner.goal_reward_radius must be positive or None, got "
+                f"{self.goal_reward_radius}"
             )
         greedy = not draws_noise(top_k=self.k_act, deterministic=self.deterministic)
         if self.goal_radius is not None and greedy:

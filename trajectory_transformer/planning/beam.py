@@ -216,7 +216,9 @@ class BeamPlanner:
         """Where `goal_radius` and `goal_reward_radius` read the goal and the position in an
         observation."""
         named = [
-            name for name in ("goal_radius", "goal_reward_radius") if getattr(self.config, name)
+            name
+            for name in ("goal_radius", "goal_reward_radius")
+            if getattr(self.config, name) is not None
         ]
         if not named:
             return None

@@ -25,7 +25,8 @@ class Plan:
     beam_actions: torch.Tensor
     """(E, beams, H, A) decoded values of the action tokens, clipped to the action bounds."""
     rewards: torch.Tensor
-    """(E, beams, H) expected reward (or percentile) that the score used."""
+    """(E, beams, H) expected reward (or percentile) that the score used; with
+    `goal_reward_radius`, 1 where the transition starts within it of the goal, else 0."""
     values: torch.Tensor
     """(E, beams, H) expected value (or percentile) after each transition; with
     `value=critic`, the critic's Q(s_h, a_h) of each transition instead."""

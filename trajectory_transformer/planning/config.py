@@ -148,15 +148,10 @@ class PlannerConfig:
             raise ValueError(
                 f"planner.cuda_graph must be none, step or search, got {self.cuda_graph!r}"
             )
-        if self.goal_radius is not None and self.goal_radius <= 0.0:
-            raise ValueError(
-                f"planner.goal_radius must be positive or None, got {self.goal_radius}"
-            )
-        if self.goal_reward_radius is not None and self.goal_reward_radius <= 0.0:
-            raise ValueError(
-                "planner.goal_reward_radius must be positive or None, got "
-                f"{self.goal_reward_radius}"
-            )
+        for name in ("goal_radius", "goal_reward_radius"):
+            radius = getattr(self, name)
+            if radius is not None and radius <= 0.0:
+                raise ValueError(f"planner.{name} must be positive or None, got {radius}")
         greedy = not draws_noise(top_k=self.k_act, deterministic=self.deterministic)
         if self.goal_radius is not None and greedy:
             # At the goal the candidates try actions drawn uniformly: a greedy search draws none.

@@ -12,6 +12,9 @@ predictions unchanged within tolerance (else float32), and its manifest entry, b
   this checkout's), its wall time and the machine (given);
 * the scores of the planner and of BC (mean and standard error of the normalised score over
   their episodes), each with its evaluation command (the evaluation's own overrides);
+* the planner's settings that command composes to, where they differ from `PlannerConfig`'s
+  defaults: what `BeamPlanner.from_pretrained` plans with, the planning package reading no
+  Hydra config;
 * the stored dtype and how far float16 moved the model's predictions.
 
 `--out` writes to another folder (its own `manifest.json`), as `TT_PRETRAINED_DIR` reads one.
@@ -44,6 +47,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from datetime import date
 from pathlib import Path
 
@@ -60,11 +64,13 @@ from trajectory_transformer.checkpoint import (
     save_atomic,
     value_targets_of,
 )
+from trajectory_transformer.cli.common import compose
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.data.windows import TokenWindows
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
+from trajectory_transformer.planning import PlannerConfig
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 AGREEMENT = 0.99
@@ -100,6 +106,19 @@ def score_of(eval_dir: Path) -> dict:
 def evaluation_overrides(name: str, recorded: dict) -> list[str]:
     """The tt-eval overrides of a manifest's evaluation command, for the checkpoint `name`."""
     return shlex.split(recorded["command"].replace("<dataset id>", name))[1:]
+
+
+def planner_settings(name: str, recorded: dict) -> dict:
+    """The planner's settings that the manifest's evaluation command of checkpoint `name`
+    composes to, where they differ from `PlannerConfig`'s defaults."""
+    overrides = evaluation_overrides(name, recorded)
+    composed = PlannerConfig(**OmegaConf.to_container(compose("eval", overrides).planner))
+    defaults = PlannerConfig()
+    return {
+        field.name: getattr(composed, field.name)
+        for field in fields(PlannerConfig)
+        if getattr(composed, field.name) != getattr(defaults, field.name)
+    }
 
 
 def predictions_moved(payload: dict, compact: dict, seed: int = 0) -> tuple[float, float]:
@@ -160,6 +179,7 @@ def add(args: argparse.Namespace) -> Path:
     # and the run went on until its stopping rule could tell.
     last = run_dir / "checkpoint.pt"
     run_state = (read_payload(last).get("training") or {}) if last.is_file() else training
+    scores = {"planner": score_of(Path(args.planner)), "bc": score_of(Path(args.bc))}
     entry = {
         "file": file,
         "dataset": name,
@@ -176,10 +196,8 @@ def add(args: argparse.Namespace) -> Path:
             "weights_of": training.get("weights_of"),
             "machine": args.machine,
         },
-        "scores": {
-            "planner": score_of(Path(args.planner)),
-            "bc": score_of(Path(args.bc)),
-        },
+        "scores": scores,
+        "planner_settings": planner_settings(name, scores["planner"]),
         "weights_dtype": "float16" if kept else "float32",
         "float16_agreement": round(agreement, 4),
         "float16_log_prob_change": round(moved, 4),

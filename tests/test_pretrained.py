@@ -65,9 +65,12 @@ def test_a_run_added_to_the_manifest_loads_by_name_with_its_weights(pretrained):
     assert (entry["weights_dtype"] == "float16") == (entry["float16_agreement"] >= 0.99)
     assert pretrained_file("test/tiny-v0") == out / "test-tiny-v0.pt"
 
-    planner = BeamPlanner.from_pretrained(
-        "test/tiny-v0", horizon=2, beam_width=3, context_transitions=2
-    )
+    # Planned with the settings the manifest's planner score was measured with, unless told.
+    assert entry["planner_settings"] == {"horizon": 2, "beam_width": 3, "context_transitions": 2}
+    planner = BeamPlanner.from_pretrained("test/tiny-v0")
+    assert (planner.config.horizon, planner.config.beam_width) == (2, 3)
+    assert planner.config.context_transitions == 2
+    assert BeamPlanner.from_pretrained("test/tiny-v0", beam_width=2).config.beam_width == 2
     original = load_checkpoint(model).model.state_dict()
     for name, weights in planner.model.state_dict().items():
         assert weights.dtype == original[name].dtype  # float32 again once loaded
@@ -160,6 +163,16 @@ def installed_entries() -> list[tuple[str, dict]]:
 
 
 INSTALLED = installed_entries()
+
+
+def test_each_installed_checkpoint_records_the_planner_settings_its_command_composes_to():
+    """`from_pretrained` plans with the manifest's `planner_settings`, `make results` with its
+    command: a preset changed since a checkpoint was added parts them, and its scores must be
+    measured again (`scripts/pretrained.py add`)."""
+    for name, entry in INSTALLED:
+        assert entry["planner_settings"] == script.planner_settings(
+            name, entry["scores"]["planner"]
+        ), name
 
 
 @pytest.mark.parametrize(("name", "entry"), INSTALLED, ids=[name for name, _ in INSTALLED])

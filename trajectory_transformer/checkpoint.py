@@ -79,6 +79,14 @@ def pretrained_file(name: str) -> Path:
     return pretrained_dir() / entries[name]["file"]
 
 
+def pretrained_planner_settings(name: str) -> dict:
+    """The planner settings the manifest's scores of checkpoint `name` were measured with,
+    where they differ from `PlannerConfig`'s defaults (its `planner_settings`); an unknown
+    name is refused as by `pretrained_file`."""
+    pretrained_file(name)
+    return dict(pretrained_manifest()[name].get("planner_settings", {}))
+
+
 def is_pretrained(path: str | os.PathLike) -> bool:
     return str(path).startswith(PRETRAINED)
 

@@ -37,7 +37,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from trajectory_transformer.checkpoint import PRETRAINED, CheckpointError
+from trajectory_transformer.checkpoint import (
+    PRETRAINED,
+    CheckpointError,
+    pretrained_planner_settings,
+)
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.goals import GoalLayout
@@ -290,8 +294,11 @@ class BeamPlanner:
         cls, name: str, device: torch.device | str = "cpu", **overrides: object
     ) -> BeamPlanner:
         """A planner over the pretrained checkpoint of dataset `name` (`hopper/medium-v0`), as
-        `from_checkpoint`; an unknown name is refused with the list of known ones."""
-        return cls.from_checkpoint(PRETRAINED + name, device, **overrides)
+        `from_checkpoint`, with the planner settings its manifest's scores were measured with
+        (`overrides` change any of them); an unknown name is refused with the list of known
+        ones."""
+        settings = {**pretrained_planner_settings(name), **overrides}
+        return cls.from_checkpoint(PRETRAINED + name, device, **settings)
 
     # --- per-environment state ------------------------------------------------------------
 

@@ -5,7 +5,8 @@
 
 writes the run's planning model (`model.pt`: no optimiser state) to
 `pretrained/<dataset id>.pt`, its parameters in float16 where that leaves the model's
-predictions unchanged within tolerance (else float32), and its manifest entry, by dataset id:
+predictions unchanged within tolerance (else, or with `--float32`, float32), and its manifest
+entry, by dataset id:
 
 * the dataset and its content fingerprint;
 * the training command (the run's own Hydra overrides), the commit it was trained at (given, or
@@ -169,7 +170,7 @@ def add(args: argparse.Namespace) -> Path:
     name = dataset["dataset_id"]
     compact = compact_planning_payload(payload)
     agreement, moved = predictions_moved(payload, compact)
-    kept = agreement >= AGREEMENT and moved <= LOG_PROB_TOLERANCE
+    kept = agreement >= AGREEMENT and moved <= LOG_PROB_TOLERANCE and not args.float32
     stored = compact if kept else payload
     out = Path(args.out)
     file = name.replace("/", "-") + ".pt"
@@ -352,6 +353,12 @@ def main(argv: list[str] | None = None) -> int:
     adding.add_argument("run", help="tt-train's run directory (its model.pt)")
     adding.add_argument("--planner", required=True, help="tt-eval run dir of the planner")
     adding.add_argument("--bc", required=True, help="tt-eval run dir with planner=bc")
+    adding.add_argument(
+        "--float32",
+        action="store_true",
+        help="store float32 weights even where float16 keeps the predictions (a checkpoint "
+        "whose float16 weights score otherwise in `check`)",
+    )
     adding.add_argument("--commit", help="the commit it was trained at (default: HEAD)")
     adding.add_argument(
         "--machine", default="2-core CPU", help="where it was trained, and what ran beside it"

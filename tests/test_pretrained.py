@@ -13,7 +13,12 @@ import torch
 from conftest import run_module, untrained_checkpoint
 
 import pretrained as script
-from trajectory_transformer.checkpoint import CheckpointError, load_checkpoint, pretrained_file
+from trajectory_transformer.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    pretrained_file,
+    read_payload,
+)
 from trajectory_transformer.planning import BeamPlanner
 
 
@@ -75,6 +80,22 @@ def test_a_run_added_to_the_manifest_loads_by_name_with_its_weights(pretrained):
     for name, weights in planner.model.state_dict().items():
         assert weights.dtype == original[name].dtype  # float32 again once loaded
         torch.testing.assert_close(weights, original[name], rtol=1e-3, atol=1e-4)
+
+
+def test_add_stores_float32_weights_when_asked(pretrained, tmp_path):
+    out = tmp_path / "float32"
+    runs = [
+        str(tmp_path / "run"),
+        "--planner",
+        str(tmp_path / "eval"),
+        "--bc",
+        str(tmp_path / "bc"),
+    ]
+    script.main(["add", *runs, "--commit", "abc123", "--float32", "--out", str(out)])
+    (entry,) = json.loads((out / "manifest.json").read_text())["checkpoints"].values()
+    assert entry["weights_dtype"] == "float32"
+    weights = read_payload(out / entry["file"])["model"].values()
+    assert all(w.dtype == torch.float32 for w in weights if w.is_floating_point())
 
 
 def test_an_unknown_name_is_refused_with_the_known_ones(pretrained):

@@ -66,9 +66,9 @@ def pretrained_manifest() -> dict[str, dict]:
     return json.loads(path.read_text())["checkpoints"]
 
 
-def pretrained_file(name: str) -> Path:
-    """The file of the pretrained checkpoint of dataset `name`; an unknown name is refused in
-    one line that lists the known ones."""
+def pretrained_entry(name: str) -> dict:
+    """The manifest entry of the pretrained checkpoint of dataset `name`; an unknown name is
+    refused in one line that lists the known ones."""
     entries = pretrained_manifest()
     if name not in entries:
         known = ", ".join(sorted(entries)) or "none in this installation"
@@ -76,15 +76,18 @@ def pretrained_file(name: str) -> Path:
             f"no pretrained checkpoint is named {name!r}; the pretrained ones: {known} "
             f"({pretrained_dir() / 'manifest.json'})"
         )
-    return pretrained_dir() / entries[name]["file"]
+    return entries[name]
+
+
+def pretrained_file(name: str) -> Path:
+    """The file of the pretrained checkpoint of dataset `name` (`pretrained_entry`)."""
+    return pretrained_dir() / pretrained_entry(name)["file"]
 
 
 def pretrained_planner_settings(name: str) -> dict:
     """The planner settings the manifest's scores of checkpoint `name` were measured with,
-    where they differ from `PlannerConfig`'s defaults (its `planner_settings`); an unknown
-    name is refused as by `pretrained_file`."""
-    pretrained_file(name)
-    return dict(pretrained_manifest()[name].get("planner_settings", {}))
+    where they differ from `PlannerConfig`'s defaults (its `planner_settings`)."""
+    return dict(pretrained_entry(name).get("planner_settings", {}))
 
 
 def is_pretrained(path: str | os.PathLike) -> bool:

@@ -76,6 +76,8 @@ def test_a_run_added_to_the_manifest_loads_by_name_with_its_weights(pretrained):
     assert (planner.config.horizon, planner.config.beam_width) == (2, 3)
     assert planner.config.context_transitions == 2
     assert BeamPlanner.from_pretrained("test/tiny-v0", beam_width=2).config.beam_width == 2
+    by_path = BeamPlanner.from_checkpoint("pretrained:test/tiny-v0").config  # the same settings
+    assert (by_path.horizon, by_path.beam_width, by_path.context_transitions) == (2, 3, 2)
     original = load_checkpoint(model).model.state_dict()
     for name, weights in planner.model.state_dict().items():
         assert weights.dtype == original[name].dtype  # float32 again once loaded

@@ -168,6 +168,12 @@ def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
         return hydra.compose(config_name, overrides=list(overrides))
 
 
+def planner_preset(name: str) -> dict:
+    """The planner settings of `tt-eval planner=<name>` (a configs/planner preset), for
+    Python: `BeamPlanner.from_checkpoint(run, **planner_preset("maze"))`."""
+    return to_container(compose("eval", [f"planner={name}"]).planner)
+
+
 def first_line(error: BaseException) -> str:
     """An OmegaConf or Hydra error in one line: its message and the key it is about."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

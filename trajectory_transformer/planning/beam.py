@@ -40,6 +40,7 @@ import torch
 from trajectory_transformer.checkpoint import (
     PRETRAINED,
     CheckpointError,
+    is_pretrained,
     pretrained_planner_settings,
 )
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
@@ -272,10 +273,14 @@ class BeamPlanner:
     ) -> BeamPlanner:
         """A planner over a checkpoint's model, clipping actions to its dataset's bounds and
         discounting, unless told otherwise, as the checkpoint's value targets were built (as
-        its critic was trained, with `value="critic"`)."""
+        its critic was trained, with `value="critic"`). A pretrained one (`pretrained:<dataset
+        id>`) plans with the settings its manifest's scores were measured with, under
+        `overrides`."""
         from trajectory_transformer.checkpoint import load_checkpoint, value_targets_of
 
         checkpoint = load_checkpoint(path, device)
+        if is_pretrained(path):
+            overrides = {**pretrained_planner_settings(str(path)[len(PRETRAINED) :]), **overrides}
         if overrides.get("discount") is None and overrides.get("value") != "critic":
             overrides["discount"] = value_targets_of(checkpoint.config)[0]
         return cls(
@@ -293,12 +298,11 @@ class BeamPlanner:
     def from_pretrained(
         cls, name: str, device: torch.device | str = "cpu", **overrides: object
     ) -> BeamPlanner:
-        """A planner over the pretrained checkpoint of dataset `name` (`hopper/medium-v0`), as
-        `from_checkpoint`, with the planner settings its manifest's scores were measured with
-        (`overrides` change any of them); an unknown name is refused with the list of known
-        ones."""
-        settings = {**pretrained_planner_settings(name), **overrides}
-        return cls.from_checkpoint(PRETRAINED + name, device, **settings)
+        """A planner over the pretrained checkpoint of dataset `name` (`hopper/medium-v0`):
+        `from_checkpoint("pretrained:<name>")`, with the planner settings its manifest's scores
+        were measured with (`overrides` change any of them); an unknown name is refused with
+        the list of known ones."""
+        return cls.from_checkpoint(PRETRAINED + name, device, **overrides)
 
     # --- per-environment state ------------------------------------------------------------
 

@@ -90,16 +90,23 @@ def pretrained_planner_settings(name: str) -> dict:
     return dict(pretrained_entry(name).get("planner_settings", {}))
 
 
+def pretrained_name(path: str | os.PathLike) -> str | None:
+    """The dataset id named by a `pretrained:<dataset id>` path; None for any other path."""
+    text = str(path)
+    return text[len(PRETRAINED) :] if text.startswith(PRETRAINED) else None
+
+
 def is_pretrained(path: str | os.PathLike) -> bool:
-    return str(path).startswith(PRETRAINED)
+    return pretrained_name(path) is not None
 
 
 def checkpoint_file(path: str | os.PathLike, to_resume: bool = False) -> Path:
     """`path` itself, or in a run directory the file to use: `model.pt` to plan with (a run
     from before it existed: `checkpoint.pt`), `checkpoint.pt` to resume; `pretrained:<dataset
     id>`, the pretrained checkpoint of that dataset."""
-    if is_pretrained(path) and not to_resume:
-        return pretrained_file(str(path)[len(PRETRAINED) :])
+    name = pretrained_name(path)
+    if name is not None and not to_resume:
+        return pretrained_file(name)
     path = Path(path)
     if not path.is_dir():
         return path

@@ -40,7 +40,7 @@ import torch
 from trajectory_transformer.checkpoint import (
     PRETRAINED,
     CheckpointError,
-    is_pretrained,
+    pretrained_name,
     pretrained_planner_settings,
 )
 from trajectory_transformer.critic.model import IQLCritic, check_critic_matches, load_critic
@@ -279,8 +279,9 @@ class BeamPlanner:
         from trajectory_transformer.checkpoint import load_checkpoint, value_targets_of
 
         checkpoint = load_checkpoint(path, device)
-        if is_pretrained(path):
-            overrides = {**pretrained_planner_settings(str(path)[len(PRETRAINED) :]), **overrides}
+        name = pretrained_name(path)
+        if name is not None:
+            overrides = {**pretrained_planner_settings(name), **overrides}
         if overrides.get("discount") is None and overrides.get("value") != "critic":
             overrides["discount"] = value_targets_of(checkpoint.config)[0]
         return cls(

@@ -45,6 +45,9 @@ PLANNING_MODEL = "model.pt"
 
 PRETRAINED = "pretrained:"
 """Where a checkpoint's path is expected, `pretrained:<dataset id>` names a pretrained one."""
+BEHAVIOUR = "behaviour:"
+"""Where tt-eval expects a checkpoint, `behaviour:<dataset id>` names no checkpoint but the
+policy that made an embedded dataset, played as an agent (`suites.behaviour_agent`)."""
 PRETRAINED_DIR_VARIABLE = "TT_PRETRAINED_DIR"
 """An environment variable naming another folder of pretrained checkpoints (its own
 `manifest.json`) than the one installed with the package."""

@@ -263,3 +263,37 @@ def test_an_evaluation_continues_in_its_run_directory_and_refuses_another(
     assert other.returncode == 2
     assert "holds episodes of another evaluation (it differs in planner)" in other.stderr
     assert "Traceback" not in other.stderr
+
+
+def test_the_behaviour_policy_of_a_maze_plays_as_an_agent(tmp_path):
+    from trajectory_transformer.suites import pointmaze
+
+    pointmaze.SUITES[0].build("pointmaze/umaze-v0", episodes=3, reference_episodes=2)
+    runs = {}
+    for seed in (0, 1):
+        runs[seed] = tmp_path / f"seed{seed}"
+        result = tt_eval(
+            "checkpoint=behaviour:pointmaze/umaze-v0",
+            f"planner.seed={seed}",
+            "eval.episodes=2",
+            "eval.max_episode_steps=40",
+            "eval.progress=false",
+            run_dir=runs[seed],
+        )
+        assert result.returncode == 0, result.stderr
+        assert "planner behaviour" in result.stdout
+    played = {seed: json.loads((run / "results.json").read_text()) for seed, run in runs.items()}
+    assert played[0]["settings"]["planner"] == {"agent": "behaviour", "seed": 0}
+    assert played[0]["settings"]["checkpoint"] == "behaviour:pointmaze/umaze-v0"
+    assert played[0]["normalized_score_mean"] is not None  # the dataset's reference scores
+    # The seed draws the noise, not the episodes: both play the same starts.
+    assert played[1]["settings"]["planner"]["seed"] == 1
+    assert played[0]["seeds"] == played[1]["seeds"] == [0, 1]
+
+
+def test_a_dataset_without_one_behaviour_policy_is_one_clear_message(tmp_path):
+    result = tt_eval("checkpoint=behaviour:hopper/medium-replay-v0", run_dir=tmp_path)
+    assert result.returncode == 2 and "pointmaze/umaze-v0" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = tt_eval("checkpoint=behaviour:pointmaze/umaze-v0", "planner=iql", run_dir=tmp_path)
+    assert result.returncode == 2 and "leave planner.agent" in result.stderr

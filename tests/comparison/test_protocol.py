@@ -136,6 +136,20 @@ def test_independent_agents_train_critics_of_their_own_and_no_model_they_do_not_
     )
 
 
+def test_an_agent_with_nothing_trained_plays_each_seed_with_its_own_noise(tmp_path):
+    behaviour = AgentSpec("behaviour", needs=(), eval=("checkpoint=behaviour:test/tiny-v0",))
+    for pairing in ("shared", "independent"):
+        compared = spec(agents=(AgentSpec("planner"), behaviour), pairing=pairing)
+        interim = plan_interim(compared, 1, compared.names, tmp_path, ON_TINY)
+        assert [job.kind for job in interim.trainings] == ["train"] * 5  # the planner's alone
+        assert not any(interim.uses["behaviour"].values())  # nothing trained for it
+        for seed, job in interim.evaluations["behaviour"].items():
+            own = compared.seed_of(behaviour, seed)
+            assert job.args[0] == f"planner.seed={own}"
+            assert job.args[-1] == "checkpoint=behaviour:test/tiny-v0"
+            assert not any(arg.startswith("planner.critic=") for arg in job.args)
+
+
 def test_a_state_saved_before_critics_loads_with_models_only():
     saved = spec().to_dict()
     del saved["critic"]
@@ -158,10 +172,17 @@ def test_a_state_saved_before_critics_loads_with_models_only():
         (dict(alpha=1.0), r"compare.alpha must be in \(0, 1\)"),
         (dict(alpha=0.0), r"compare.alpha must be in \(0, 1\)"),
         (dict(compare_to="nobody"), "compare_to='nobody' names no agent"),
-        (dict(agents=(AgentSpec("a", needs=()), AgentSpec("b"))), r"agent a: needs takes model"),
+        (
+            dict(agents=(AgentSpec("a", needs=()), AgentSpec("b"))),
+            "agent a needs nothing trained, so its eval must name what it plays",
+        ),
+        (
+            dict(agents=(AgentSpec("a", eval=("checkpoint=behaviour:x/y-v0",)), AgentSpec("b"))),
+            "agent a: tt-compare gives each seed's evaluation the model trained for it",
+        ),
         (
             dict(agents=(AgentSpec("a", needs=("model", "model")), AgentSpec("b"))),
-            r"agent a: needs takes model and/or critic, got \['model', 'model'\]",
+            r"agent a: needs takes model and/or critic \(or nothing\), got \['model', 'model'\]",
         ),
         (dict(agents=(AgentSpec("a", needs=("modle",)), AgentSpec("b"))), "got \\['modle'\\]"),
         (
@@ -352,6 +373,14 @@ def test_critics_are_trained_once_per_seed_and_resumed_without_repeats(tmp_path,
         (
             ['compare.critic=["critic.expectile=2"]'],
             r"agent planner_critic: tt-train-critic would reject .*critic.expectile must be in",
+        ),
+        (
+            [
+                "compare.agents.bc.needs=[]",
+                'compare.agents.bc.eval=["checkpoint=behaviour:x/y-v0"]',
+            ],
+            "agent bc trains nothing: it can play the behaviour policy of the "
+            "comparison's dataset, checkpoint=behaviour:pointmaze/medium-v0, not ",
         ),
     ],
 )

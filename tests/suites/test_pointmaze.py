@@ -91,6 +91,44 @@ def test_the_controller_reaches_the_goal_and_stays_there():
     assert first < 200 and sum(rewards[first:]) > 0.9 * (len(rewards) - first)
 
 
+def vector_eval_env(maze_name: str, num_envs: int) -> gym.vector.VectorEnv:
+    maze = pointmaze.MAZES[maze_name]
+    return gym.make_vec(
+        pointmaze.evaluation_env(maze), num_envs, "sync", wrappers=[FlattenObservation]
+    )
+
+
+def test_the_behaviour_agent_without_noise_scores_the_reference_controllers_returns():
+    # The agent plays the controller that `reference_scores` plays, through `evaluate`.
+    from trajectory_transformer.evaluation import evaluate
+
+    episodes = 3
+    _, controller = pointmaze.reference_scores("umaze", 0, episodes)
+    agent = pointmaze.BehaviourAgent("umaze", noise=0.0)
+    first = collect.evaluation_seeds(0, episodes)[0]
+    result = evaluate(agent, vector_eval_env("umaze", 2), episodes, seed=first, progress=False)
+    np.testing.assert_allclose(np.mean(result.returns), controller, atol=1.0)
+
+
+def test_a_behaviour_episode_plays_alike_in_any_slot_and_the_seed_draws_its_noise():
+    from trajectory_transformer.evaluation import evaluate
+
+    def returns(num_envs: int, seed: int) -> list[float]:
+        agent = suites.behaviour_agent("pointmaze/umaze-v0", seed)
+        env = vector_eval_env("umaze", num_envs)
+        return evaluate(agent, env, 3, seed=5, progress=False).returns
+
+    one_slot = returns(1, seed=0)
+    np.testing.assert_allclose(returns(3, seed=0), one_slot, atol=1e-9)
+    assert not np.allclose(returns(3, seed=1), one_slot)
+
+
+def test_only_a_dataset_of_one_playable_policy_has_a_behaviour_agent():
+    assert isinstance(suites.behaviour_agent("pointmaze/large-v0"), pointmaze.BehaviourAgent)
+    with pytest.raises(ValueError, match="pointmaze/umaze-v0"):
+        suites.behaviour_agent("hopper/medium-replay-v0")
+
+
 def test_a_tiny_build_is_a_dict_dataset_of_episodes_that_end_at_their_goal():
     dataset = build(seed=3)
     assert dataset.total_episodes == 3

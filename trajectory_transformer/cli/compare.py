@@ -25,6 +25,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from trajectory_transformer.checkpoint import BEHAVIOUR
 from trajectory_transformer.cli import schemas
 from trajectory_transformer.cli.common import (
     INTERRUPTED_EXIT_CODE,
@@ -114,14 +115,14 @@ def check_agents(spec: ComparisonSpec, dataset: DictConfig) -> None:
                 if name == "train":
                     trained_on = cfg.dataset
                 elif name == "eval":
-                    planner = cfg.planner
+                    evaluation = cfg
                     references[agent.name], warning = reference_of(cfg.eval, trained_on)
                     warnings.add(warning)
             except (ConfigError, ReferenceScoreError) as error:
                 raise ConfigError(
                     f"agent {agent.name}: {program} would reject {' '.join(overrides)}: {error}"
                 ) from None
-        check_needs(agent, planner)
+        check_needs(agent, evaluation, trained_on)
         if "model" in agent.needs and "critic" in agent.needs and trained_on.id != dataset.id:
             raise ConfigError(
                 f"agent {agent.name} trains its model on {trained_on.id}, its critic on the "
@@ -182,10 +183,21 @@ def check_trained_settings(trainings: list[Job]) -> None:
             )
 
 
-def check_needs(agent: AgentSpec, planner: DictConfig) -> None:
-    """An agent's evaluations use exactly what it has trained: a model unless it plays the IQL
-    policy (`planner=iql`), and a critic where that policy plays or the critic scores the
-    beams (`planner.value=critic`). The critic's path is each seed's, set by tt-compare."""
+def check_needs(agent: AgentSpec, evaluation: DictConfig, dataset: DictConfig) -> None:
+    """An agent's evaluations use exactly what it has trained: nothing where it plays the
+    behaviour policy of the comparison's `dataset` (`checkpoint=behaviour:<id>`), a model
+    unless it plays the IQL policy (`planner=iql`), and a critic where that policy plays or the
+    critic scores the beams (`planner.value=critic`). The critic's path is each seed's, set by
+    tt-compare."""
+    planner = evaluation.planner
+    if not agent.needs:  # AgentSpec.check: its eval names a checkpoint
+        if evaluation.checkpoint != f"{BEHAVIOUR}{dataset.id}":
+            raise ConfigError(
+                f"agent {agent.name} trains nothing: it can play the behaviour policy of the "
+                f"comparison's dataset, checkpoint={BEHAVIOUR}{dataset.id}, not "
+                f"checkpoint={evaluation.checkpoint}"
+            )
+        return
     if planner.critic is not None:
         raise ConfigError(
             f"agent {agent.name}: planner.critic={planner.critic} would score every seed with "

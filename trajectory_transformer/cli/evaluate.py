@@ -12,7 +12,9 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from trajectory_transformer import suites
 from trajectory_transformer.checkpoint import (
+    BEHAVIOUR,
     CheckpointError,
     checkpoint_file,
     is_pretrained,
@@ -27,6 +29,7 @@ from trajectory_transformer.cli.resources import check_planning_fits
 from trajectory_transformer.cli.schemas import EvaluateConfig
 from trajectory_transformer.critic import IQLAgent
 from trajectory_transformer.data import reference_scores
+from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.evaluation import (
     EpisodeJournal,
     EpisodeRecord,
@@ -44,8 +47,11 @@ def run(cfg: EvaluateConfig) -> dict:
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
     # A pretrained checkpoint is installed with the package: its evaluations are listed in
     # their run directories alone.
-    listed_beside_checkpoint = not is_pretrained(cfg.checkpoint)
-    if cfg.planner.agent == "iql":
+    behaviour = cfg.checkpoint.startswith(BEHAVIOUR)
+    listed_beside_checkpoint = not (is_pretrained(cfg.checkpoint) or behaviour)
+    if behaviour:
+        planner = behaviour_agent(cfg)
+    elif cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
         try:  # a run dir: its model.pt; pretrained:<dataset id>: that checkpoint
@@ -102,8 +108,10 @@ def run(cfg: EvaluateConfig) -> dict:
     finally:
         env.close()
     preset = HydraConfig.get().runtime.choices.get("planner", "custom")
+    if behaviour:
+        preset = "behaviour"  # the dataset's own policy: no planner setting applies
     result.settings = {
-        "checkpoint": str(Path(cfg.checkpoint).resolve()),
+        "checkpoint": cfg.checkpoint if behaviour else str(Path(cfg.checkpoint).resolve()),
         "dataset": info.dataset_id,
         "dataset_fingerprint": info.fingerprint,  # the numbers the model was trained on
         "env": cfg.eval.env_id or info.eval_env_id,
@@ -172,7 +180,30 @@ def iql_agent(cfg: EvaluateConfig, device: torch.device) -> IQLAgent:
     return IQLAgent.from_checkpoint(cfg.checkpoint, device)
 
 
+def behaviour_agent(cfg: EvaluateConfig):
+    """The behaviour policy of the embedded dataset that `checkpoint=behaviour:<id>` names,
+    its noise drawn by `planner.seed`: the reference a learned agent is measured against."""
+    dataset_id = cfg.checkpoint.removeprefix(BEHAVIOUR)
+    if cfg.planner.agent != "beam" or cfg.planner.critic is not None:
+        raise ConfigError(
+            f"checkpoint={cfg.checkpoint} plays the dataset's own policy, with no model or "
+            "critic; leave planner.agent and planner.critic unset"
+        )
+    if cfg.eval.save_plots:
+        raise ConfigError(
+            "eval.save_plots draws a planner's searches; the behaviour policy has none"
+        )
+    try:
+        agent = suites.behaviour_agent(dataset_id, cfg.planner.seed)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    _, agent.dataset = load_episodes(dataset_id)  # its env and reference scores
+    return agent
+
+
 def planner_settings(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> dict:
+    if cfg.checkpoint.startswith(BEHAVIOUR):  # the dataset's policy, its noise drawn by the seed
+        return {"agent": "behaviour", "seed": cfg.planner.seed}
     if isinstance(planner, IQLAgent):
         return {"agent": "iql", "critic": str(Path(cfg.checkpoint).resolve())}
     return dataclasses.asdict(planner.config)
@@ -182,6 +213,14 @@ def evaluation_identity(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) ->
     """What decides how an episode plays, for an `EpisodeJournal`: the checkpoint (as it is on
     disk now), the agent's settings and the environment. The number of envs, the device and
     the reference scores are left out: an interrupted evaluation may continue on others."""
+    if cfg.checkpoint.startswith(BEHAVIOUR):
+        return {
+            "checkpoint": cfg.checkpoint,
+            "dataset_fingerprint": planner.dataset.fingerprint,
+            "planner": planner_settings(cfg, planner),
+            "env_id": cfg.eval.env_id or planner.dataset.eval_env_id,
+            "max_episode_steps": cfg.eval.max_episode_steps,
+        }
     checkpoint = Path(cfg.checkpoint).resolve()
     stat = checkpoint.stat()
     return {

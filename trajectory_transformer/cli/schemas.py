@@ -276,7 +276,8 @@ class EvaluateConfig:
     """tt-train's run directory (the model it handed over, `model.pt`), or a checkpoint file
     (`model.pt`, `checkpoint.pt`, `best_validation.pt`, `best.pt`), or
     `pretrained:<dataset id>`, the pretrained checkpoint of an embedded dataset; with
-    `planner=iql`, a critic's `critic.pt`."""
+    `planner=iql`, a critic's `critic.pt`. `behaviour:<dataset id>` plays no checkpoint but the
+    policy that made an embedded maze dataset, its noise drawn by `planner.seed`."""
     device: str = "auto"
     """`auto` (cuda when available), `cpu`, `cuda`, ..."""
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -62,7 +62,9 @@ class AgentSpec:
     needs: tuple[str, ...] = ("model",)
     """What is trained for it per seed: `model` (tt-train's checkpoint.pt, tt-eval's
     `checkpoint`) and/or `critic` (tt-train-critic's critic.pt, given to tt-eval as
-    `planner.critic`, or as `checkpoint` to an agent with no model: `planner=iql`)."""
+    `planner.critic`, or as `checkpoint` to an agent with no model: `planner=iql`); or
+    nothing, for an agent whose `eval` names what it plays (the dataset's behaviour policy,
+    `checkpoint=behaviour:<dataset id>`), its seed k drawing its noise (`planner.seed=k`)."""
     train: tuple[str, ...] = ()
     """tt-train overrides of this agent, after the comparison's `train`, e.g.
     `[model.embedding_dim=128]`. Agents with the same training overrides share checkpoints."""
@@ -76,9 +78,20 @@ class AgentSpec:
         """Raise `ComparisonError` for needs that name nothing trainable, or overrides of a
         training the agent does not need."""
         needs = list(self.needs)
-        if not needs or len(set(needs)) != len(needs) or not set(needs) <= set(NEEDS):
+        if len(set(needs)) != len(needs) or not set(needs) <= set(NEEDS):
             raise ComparisonError(
-                f"agent {self.name}: needs takes model and/or critic, got {needs}"
+                f"agent {self.name}: needs takes model and/or critic (or nothing), got {needs}"
+            )
+        names_checkpoint = any(override.startswith("checkpoint=") for override in self.eval)
+        if not needs and not names_checkpoint:
+            raise ComparisonError(
+                f"agent {self.name} needs nothing trained, so its eval must name what it plays, "
+                "e.g. checkpoint=behaviour:<dataset id> (the policy that made the dataset)"
+            )
+        if needs and names_checkpoint:
+            raise ComparisonError(
+                f"agent {self.name}: tt-compare gives each seed's evaluation the {needs[0]} "
+                "trained for it; drop checkpoint= from its eval, or its needs for one it plays"
             )
         for kind, overrides in (("model", self.train), ("critic", self.critic)):
             if overrides and kind not in needs:
@@ -403,8 +416,10 @@ def plan_interim(
                 checkpoints = [f"checkpoint={trained['model'].parent}"]
                 if "critic" in trained:
                     checkpoints.append(f"planner.critic={trained['critic']}")
-            else:  # the critic's own policy (planner=iql)
+            elif "critic" in trained:  # the critic's own policy (planner=iql)
                 checkpoints = [f"checkpoint={trained['critic']}"]
+            else:  # nothing trained: its eval names what it plays, and the seed draws its noise
+                checkpoints = [f"planner.seed={own_seed}"]
             episodes = [] if spec.pairing == "shared" else [f"eval.seed={own_seed - seed}"]
             evaluations[agent.name][seed] = Job(
                 "eval",

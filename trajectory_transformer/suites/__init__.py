@@ -29,7 +29,14 @@ from trajectory_transformer.suites import (
 )
 from trajectory_transformer.suites.collect import Suite
 
-__all__ = ["EMBEDDED_DATASETS", "SUITES", "build_embedded_dataset", "is_embedded", "suite_of"]
+__all__ = [
+    "EMBEDDED_DATASETS",
+    "SUITES",
+    "behaviour_agent",
+    "build_embedded_dataset",
+    "is_embedded",
+    "suite_of",
+]
 
 SUITES: tuple[Suite, ...] = (
     pendulum.SUITE,
@@ -75,3 +82,17 @@ def build_embedded_dataset(
     reference scores.
     """
     return suite_of(dataset_id).build(dataset_id, overwrite=overwrite, episodes=episodes, seed=seed)
+
+
+def behaviour_agent(dataset_id: str, seed: int = 0) -> object:
+    """The policy that made ``dataset_id``, as an evaluation agent whose noise ``seed`` draws
+    (:class:`~trajectory_transformer.suites.pointmaze.BehaviourAgent` for the mazes); a
+    ValueError naming the datasets that have one, for the others."""
+    suite = suite_of(dataset_id)
+    if suite.behaviour_agent is None:
+        playable = [i for s in SUITES if s.behaviour_agent is not None for i in s.datasets]
+        raise ValueError(
+            f"{dataset_id} has no behaviour policy to play (its episodes come from several "
+            f"policies, or from none that runs as one agent); these have: {', '.join(playable)}"
+        )
+    return suite.behaviour_agent(seed)

@@ -474,6 +474,10 @@ class Suite:
     """Packages the env needs beyond gymnasium (pip-style), recorded for Minari."""
     metadata: Callable[[Collected], dict] | None = None
     """Metadata of a dataset's own (its recipe), beside Minari's keys."""
+    behaviour_agent: Callable[[int], object] | None = None
+    """``(seed)`` -> the policy that made the suite's datasets, as an evaluation agent (the
+    ``Agent`` protocol of ``trajectory_transformer.evaluation``), whose noise ``seed`` draws;
+    None where a dataset mixes policies or its policy is not one agent."""
 
     def build(
         self,

@@ -79,6 +79,7 @@ __all__ = [
     "STREAMS",
     "SUITES",
     "TRANSITIONS",
+    "BehaviourAgent",
     "ShowCurrentGoal",
     "WaypointController",
     "behaviour_score",
@@ -250,6 +251,13 @@ class WaypointController:
         return row * self.columns + np.clip(column, 0, self.columns - 1)
 
     def __call__(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        action = self.steer(obs)
+        noise = rng.normal(size=action.shape)  # drawn whatever the noise, for equal streams
+        return np.clip(action + self.noise * noise, -1.0, 1.0).astype(np.float32)
+
+    def steer(self, obs: np.ndarray) -> np.ndarray:
+        """The PD law's action (N, 2) toward each row's waypoint, before noise and clipping;
+        rows that have settled at their waypoint move on to the next."""
         position, goal, velocity = obs[:, POSITION], obs[:, GOAL], obs[:, VELOCITY]
         if len(self._goals) != len(obs):
             self._goals = np.full((len(obs), 2), np.nan)
@@ -264,9 +272,13 @@ class WaypointController:
         advance = settled & (self._waypoints != goal_cell)
         self._waypoints[advance] = self.next_cell[goal_cell[advance], self._waypoints[advance]]
         target = self._target(goal, goal_cell)
-        action = POSITION_GAIN * (target - position) - VELOCITY_GAIN * velocity
-        noise = rng.normal(size=action.shape)  # drawn whatever the noise, for equal streams
-        return np.clip(action + self.noise * noise, -1.0, 1.0).astype(np.float32)
+        return POSITION_GAIN * (target - position) - VELOCITY_GAIN * velocity
+
+    def forget(self, row: int) -> None:
+        """Row `row` starts a new episode: its next call plans the path from where it is, even
+        to a goal equal to its last one."""
+        if row < len(self._goals):
+            self._goals[row] = np.nan
 
     def _target(self, goal: np.ndarray, goal_cell: np.ndarray) -> np.ndarray:
         """The current waypoint's position: its cell's centre, or the goal in the goal's cell."""
@@ -403,6 +415,43 @@ def behaviour_score(maze_name: str, seed: int = 0, episodes: int = REFERENCE_EPI
     return float(_evaluate(maze_name, policy, seed, episodes)["behaviour"])
 
 
+class BehaviourAgent:
+    """The policy that made a maze's dataset (the waypoint controller with its noise) as an
+    evaluation agent, beside the learned ones (``tt-eval checkpoint=behaviour:<dataset id>``):
+    ``reset``, ``reset_env``, ``act``, ``observe``, over flat observations.
+
+    Each episode draws its noise from a stream of its own, named by ``seed`` and the episode's
+    seed, so that it plays alike in whichever env; ``seed`` is the agent's draw of the noise,
+    as a training seed is a model's. ``behaviour_score`` plays the same policy, with one
+    stream for the whole batch."""
+
+    def __init__(self, maze_name: str, seed: int = 0, noise: float = NOISE) -> None:
+        self.maze = MAZES[maze_name]
+        self.seed = seed
+        self.noise = noise
+        self.controller = WaypointController(self.maze, noise)
+        self.generators: list[np.random.Generator] = []
+
+    def reset(self, num_envs: int, seed: int | None = None) -> None:
+        self.controller = WaypointController(self.maze, self.noise)
+        self.generators = [self._stream(env + (seed or 0)) for env in range(num_envs)]
+
+    def reset_env(self, env: int, seed: int | None = None) -> None:
+        self.controller.forget(env)
+        self.generators[env] = self._stream(env if seed is None else seed)
+
+    def _stream(self, episode: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, episode])
+
+    def act(self, observations: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
+        action = self.controller.steer(np.asarray(observations, dtype=np.float64))
+        noise = np.stack([generator.normal(size=action.shape[1]) for generator in self.generators])
+        return np.clip(action + self.noise * noise, -1.0, 1.0).astype(np.float32)
+
+    def observe(self, rewards: np.ndarray, dones: np.ndarray) -> None:
+        pass  # the controller's state follows the observations
+
+
 # ----------------------------------------------------------------------------- the suites
 
 
@@ -498,6 +547,7 @@ def _suite(maze: Maze) -> collect.Suite:
         observation_space=OBSERVATION_SPACE,
         requirements=REQUIREMENTS,
         metadata=functools.partial(metadata, maze.name),
+        behaviour_agent=functools.partial(BehaviourAgent, maze.name),
     )
 
 

@@ -81,10 +81,37 @@ def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
     assert "normalised score (reference: explicit, -2000.0 to 0.0)" in result.stdout
     for name in ("decisions.csv", "agents.csv", "comparison_scores.png", "comparison_profile.png"):
         assert (tmp_path / name).is_file()
+    if launcher == []:  # its tables as results records, command and all
+        check_records_of(tmp_path)
     if "hydra/launcher=joblib" in launcher:
         assert "Joblib" in (result.stdout + result.stderr)
     if "hydra/launcher=submitit_local" in launcher:  # a submitit job (and log) per job
         assert len(list((tmp_path / "jobs").glob("interim0-*/.submitit/*/*_log.out"))) == 3
+
+
+def check_records_of(run_dir):
+    """scripts/record_comparison.py on a finished run: its two tables, as tt-compare wrote them,
+    with the command less the run directory."""
+    import record_comparison
+    import render_results
+
+    records = run_dir / "records"
+    written = record_comparison.write_records(run_dir, records / "tiny", "cpu, alone", "abc1234")
+    assert [path.name for path in written] == ["tiny-agents.json", "tiny-decisions.json"]
+    agents = render_results.load("tiny-agents", records)
+    with open(run_dir / "agents.csv") as file:
+        means = {row["name"]: f"{float(row['mean']):.1f}" for row in csv.DictReader(file)}
+    assert {row[0]: row[2] for row in agents["rows"]} == means
+    assert [row[1] for row in agents["rows"]] == ["1", "1"]
+    command = agents["provenance"]["commands"][0]
+    assert command.startswith("tt-compare compare.n=1 ") and "hydra.run.dir" not in command
+    assert agents["provenance"]["commits"] == ["abc1234"]
+    (decision,) = render_results.load("tiny-decisions", records)["rows"]
+    assert decision[0] == "planner vs bc"
+    assert decision[4] == "equal (not told apart within this budget) after 1 interim"
+    page = "<!-- results: tiny-decisions -->\n<!-- /results -->\n"
+    rendered, _ = render_results.render_page(page, records)
+    assert "| planner vs bc |" in rendered
 
 
 def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_path):

@@ -1,0 +1,179 @@
+"""Write a tt-compare run's tables as results records: its agents (scores and what a seed
+cost) and its decisions, read from the `agents.csv` and `decisions.csv` that tt-compare writes
+in its run directory at the end of every run (finished, or stopped by `stop_after`).
+
+    python scripts/record_comparison.py <tt-compare run dir> \\
+        --record docs/results/records/comparisons/goals-pointmaze-umaze \\
+        --machine "2 cores of an AMD EPYC (x86_64), beside ..."
+
+writes `<record>-agents.json` and `<record>-decisions.json`, with the tt-compare command (from
+the run's `.hydra/overrides.yaml`, less its run directory), the machine as given (what ran
+beside it belongs there), and the dates its evaluations finished. A page shows them with
+`<!-- results: comparisons/goals-pointmaze-umaze-agents -->` (scripts/render_results.py), and
+another table can name their cells, so that a score is written once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import shlex
+from pathlib import Path
+
+import yaml
+from render_results import format_record
+
+from trajectory_transformer.comparison.protocol import EQUAL_MEANS
+
+AGENT_COLUMNS = [
+    "agent",
+    "seeds",
+    "mean",
+    "IQM",
+    "IQM 95% CI",
+    "model training (min)",
+    "critic training (min)",
+    "evaluation (min)",
+    "planning per env-step (ms)",
+]
+DECISION_COLUMNS = ["comparison", "mean 1", "mean 2", "mean 1 - mean 2", "decision", "P(1 > 2)"]
+DECISIONS = {
+    "larger": "**larger**",
+    "smaller": "smaller",
+    "equal": f"equal ({EQUAL_MEANS})",
+    "continue": "undecided so far",
+}
+"""How each of AdaStop's decisions reads in a table."""
+PLACE_OVERRIDES = ("hydra.run.dir=", "hydra.mode=", "hydra.sweep.dir=")
+"""Overrides that say where a run was written, not what ran: left out of the command."""
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise SystemExit(
+            f"error: no {path.name} in {path.parent}: tt-compare writes it when a run ends "
+            "(finished, or stopped with stop_after=<interims>)"
+        )
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+def shown(value: str, digits: int) -> str:
+    """A CSV number at `digits` decimals; `-` for a cost the agent does not have."""
+    return "-" if value in ("", "None") else f"{float(value):.{digits}f}"
+
+
+def agent_rows(rows: list[dict[str, str]]) -> list[list[str]]:
+    return [
+        [
+            row["name"],
+            row["seeds"],
+            shown(row["mean"], 1),
+            shown(row["iqm"], 1),
+            f"[{float(row['iqm_low']):.1f}, {float(row['iqm_high']):.1f}]",
+            shown(row["model_minutes"], 1),
+            shown(row["critic_minutes"], 1),
+            shown(row["evaluation_minutes"], 1),
+            shown(row["planning_ms"], 1),
+        ]
+        for row in rows
+    ]
+
+
+def decision_rows(rows: list[dict[str, str]]) -> list[list[str]]:
+    table = []
+    for row in rows:
+        decision = DECISIONS.get(row["decision"], row["decision"])
+        interims = int(row["interims"])
+        table.append(
+            [
+                row["comparison"],
+                shown(row["mean_1"], 1),
+                shown(row["mean_2"], 1),
+                f"{float(row['mean_difference']):+.1f}",
+                f"{decision} after {interims} interim{'s' if interims != 1 else ''}",
+                f"{float(row['probability_of_improvement']):.2f}",
+            ]
+        )
+    return table
+
+
+def command_of(run_dir: Path) -> str:
+    """The tt-compare command that made `run_dir`, as its Hydra overrides record it."""
+    hydra = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    overrides = [*hydra["overrides"]["task"], *hydra["overrides"]["hydra"]]
+    kept = [o for o in overrides if not o.startswith(PLACE_OVERRIDES)]
+    return shlex.join(["tt-compare", *kept])
+
+
+def evaluation_dates(run_dir: Path) -> list[str]:
+    """The days on which the run's evaluations finished (their results' modification dates)."""
+    stamps = {
+        datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+        for path in (run_dir / "evaluations").glob("*/*/results.json")
+    }
+    return sorted(stamps)
+
+
+def write_records(run_dir: Path, record: Path, machine: str, commit: str | None) -> list[Path]:
+    state = json.loads((run_dir / "compare.json").read_text())
+    dataset = state["spec"]["dataset"]
+    provenance = {
+        "commands": [command_of(run_dir)],
+        "machines": [machine],
+        "dates": evaluation_dates(run_dir),
+    }
+    if commit:
+        provenance["commits"] = [commit]
+    unit = "normalised score" if state.get("normalized") else "return"
+    tables = {
+        "agents": (
+            f"{dataset}: each agent's {unit} per training seed",
+            AGENT_COLUMNS,
+            agent_rows(read_rows(run_dir / "agents.csv")),
+        ),
+        "decisions": (
+            f"{dataset}: AdaStop's decisions",
+            DECISION_COLUMNS,
+            decision_rows(read_rows(run_dir / "decisions.csv")),
+        ),
+    }
+    written = []
+    for kind, (title, columns, rows) in tables.items():
+        path = record.with_name(f"{record.name}-{kind}.json")
+        kept = json.loads(path.read_text()) if path.is_file() else {}
+        content = {
+            "title": kept.get("title", title),
+            **({"page": kept["page"]} if "page" in kept else {}),
+            "provenance": provenance,
+            "columns": columns,
+            "rows": rows,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(format_record(content))
+        written.append(path)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path, help="a tt-compare run directory")
+    parser.add_argument(
+        "--record",
+        type=Path,
+        required=True,
+        help="docs/results/records/<name>: writes <name>-agents.json and <name>-decisions.json",
+    )
+    parser.add_argument(
+        "--machine", required=True, help="where it ran, and what ran beside it (as pages say)"
+    )
+    parser.add_argument("--commit", help="the commit whose code ran it")
+    args = parser.parse_args()
+    for path in write_records(args.run_dir, args.record, args.machine, args.commit):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -127,6 +127,30 @@ def test_tt_eval_plays_a_pretrained_checkpoint_by_name_and_writes_nothing_beside
     assert "test/tiny-v0" in line
 
 
+def test_tt_eval_plans_a_pretrained_checkpoint_with_its_manifests_settings_unless_told(
+    pretrained, tmp_path
+):
+    small = ["eval.episodes=1", "eval.max_episode_steps=3", "eval.progress=false", "device=cpu"]
+    runs = iter(range(10))
+
+    def planned(*overrides: str) -> tuple[str, tuple[int, int, int]]:
+        run_dir = tmp_path / f"e{next(runs)}"
+        module = "trajectory_transformer.cli.evaluate"
+        checkpoint = "checkpoint=pretrained:test/tiny-v0"
+        result = run_module(module, checkpoint, *overrides, *small, f"hydra.run.dir={run_dir}")
+        assert result.returncode == 0, result.stderr
+        settings = json.loads((run_dir / "results.json").read_text())["settings"]
+        planner = settings["planner"]
+        searched = (planner["horizon"], planner["beam_width"], planner["context_transitions"])
+        return settings["planner_preset"], searched
+
+    # The manifest's settings (measured with horizon 2, 3 beams, 2 transitions of context), a
+    # key of the command line over them, and a preset of the command line in their place.
+    assert planned() == ("manifest", (2, 3, 2))
+    assert planned("planner.beam_width=2") == ("manifest", (2, 2, 2))
+    assert planned("planner=bc", "planner.context_transitions=2") == ("bc", (1, 1, 2))
+
+
 def test_every_checkpoint_of_the_installed_manifest_is_there(monkeypatch):
     from trajectory_transformer.checkpoint import pretrained_dir, pretrained_manifest
 

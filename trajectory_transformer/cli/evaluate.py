@@ -18,6 +18,8 @@ from trajectory_transformer.checkpoint import (
     CheckpointError,
     checkpoint_file,
     is_pretrained,
+    pretrained_name,
+    pretrained_planner_settings,
     value_targets_of,
 )
 from trajectory_transformer.cli.common import (
@@ -38,22 +40,24 @@ from trajectory_transformer.evaluation import (
     make_vector_env,
     write_video,
 )
-from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.planning import BeamPlanner, PlannerConfig
 
 
 def run(cfg: EvaluateConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
+    behaviour = cfg.checkpoint.startswith(BEHAVIOUR)
+    manifest_planner = False  # planned with a pretrained checkpoint's manifest settings
     # A pretrained checkpoint is installed with the package: its evaluations are listed in
     # their run directories alone.
-    behaviour = cfg.checkpoint.startswith(BEHAVIOUR)
     listed_beside_checkpoint = not (is_pretrained(cfg.checkpoint) or behaviour)
     if behaviour:
         planner = behaviour_agent(cfg)
     elif cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
+        manifest_planner = planner_of_manifest(cfg)
         try:  # a run dir: its model.pt; pretrained:<dataset id>: that checkpoint
             cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))
         except CheckpointError as error:
@@ -110,6 +114,8 @@ def run(cfg: EvaluateConfig) -> dict:
     preset = HydraConfig.get().runtime.choices.get("planner", "custom")
     if behaviour:
         preset = "behaviour"  # the dataset's own policy: no planner setting applies
+    elif manifest_planner:
+        preset = "manifest"
     result.settings = {
         "checkpoint": cfg.checkpoint if behaviour else str(Path(cfg.checkpoint).resolve()),
         "dataset": info.dataset_id,
@@ -136,6 +142,25 @@ def run(cfg: EvaluateConfig) -> dict:
     print(f"{info.dataset_id} | planner {preset} | {result.line()}")
     print(f"results: {run_dir / 'results.json'}{listed}")
     return result.summary()
+
+
+def planner_of_manifest(cfg: EvaluateConfig) -> bool:
+    """Give a pretrained checkpoint the planner settings that its manifest's planner score was
+    measured with, where the command line chose no planner preset (`planner=<name>`); its
+    `planner.<key>=` overrides stay on top. True where it did."""
+    name = pretrained_name(cfg.checkpoint)
+    overrides = HydraConfig.get().overrides.task
+    if name is None or any(o.lstrip("+~").startswith("planner=") for o in overrides):
+        return False
+    try:
+        manifest = pretrained_planner_settings(name)
+    except CheckpointError as error:  # a name that is not installed: the known ones
+        raise ConfigError(str(error)) from None
+    given = {o.lstrip("+~").split("=", 1)[0].removeprefix("planner.") for o in overrides}
+    for key, value in (dataclasses.asdict(PlannerConfig()) | manifest).items():
+        if key not in given:
+            setattr(cfg.planner, key, value)
+    return True
 
 
 def beam_planner(cfg: EvaluateConfig, device: torch.device, envs: int) -> BeamPlanner:

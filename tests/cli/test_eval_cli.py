@@ -1,3 +1,4 @@
+import ctypes.util
 import json
 from pathlib import Path
 
@@ -141,6 +142,30 @@ def test_video_of_the_first_episode(tmp_path, tiny_checkpoint):
 
     frames = imageio.mimread(tmp_path / "video.gif")
     assert len(frames) == 5  # the reset frame and one per step
+
+
+@pytest.mark.skipif(ctypes.util.find_library("EGL") is None, reason="no EGL on this machine")
+def test_a_mujoco_video_renders_without_a_display(tmp_path, monkeypatch):
+    from trajectory_transformer.suites import pointmaze
+
+    for variable in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL"):
+        monkeypatch.delenv(variable, raising=False)
+    pointmaze.SUITES[0].build("pointmaze/umaze-v0", episodes=3, reference_episodes=2)
+    result = tt_eval(
+        "checkpoint=behaviour:pointmaze/umaze-v0",
+        "eval.video=true",
+        "eval.episodes=1",
+        "eval.num_envs=1",
+        "eval.max_episode_steps=3",
+        "eval.progress=false",
+        run_dir=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    import imageio.v2 as imageio
+    import numpy as np
+
+    frames = imageio.mimread(tmp_path / "video.gif")
+    assert len(frames) >= 3 and np.asarray(frames[0]).std() > 0  # the maze, not a blank
 
 
 def test_save_plots_writes_figures_next_to_the_results(tmp_path, tiny_checkpoint):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -70,6 +71,8 @@ def make_vector_env(
     max_episode_steps: int | None = None,
 ) -> gym.vector.VectorEnv:
     """`num_envs` copies in one vector env; async runs each in its own process."""
+    if render:
+        use_egl_without_a_display()
     kwargs = {"render_mode": "rgb_array"} if render else {}
     if max_episode_steps is not None:
         kwargs["max_episode_steps"] = max_episode_steps
@@ -111,3 +114,11 @@ def _mismatch(info: DatasetInfo, env_id: str | None, differences: list[str]) -> 
 def _describe(space: gym.Space) -> str:
     shape = getattr(space, "shape", None)
     return f"{type(space).__name__}{tuple(shape) if shape is not None else ''}"
+
+
+def use_egl_without_a_display() -> None:
+    """MuJoCo renders through OpenGL. Without a display, gymnasium's first choice (GLFW) makes
+    no context and the first frame fails; EGL renders off screen (in software through Mesa
+    where there is no GPU). A `MUJOCO_GL` that is set is kept."""
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        os.environ.setdefault("MUJOCO_GL", "egl")

@@ -3,6 +3,7 @@ survives interruptions, and bad input."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -213,6 +214,7 @@ def test_a_changed_agent_is_refused_naming_what_changed(tmp_path):
 # --- the command, in this process, with jobs that only pretend to train and evaluate ------
 
 TRUE_SCORES = {"planner": 90.0, "bc": 40.0, "narrow": 88.0, "planner_critic": 95.0, "iql": 60.0}
+TRUE_SCORES |= {"goals": 100.0, "behaviour": 77.0}
 
 
 def trained_config(command: str, job) -> dict:
@@ -341,6 +343,21 @@ def test_critics_are_trained_once_per_seed_and_resumed_without_repeats(tmp_path,
     }
     assert f"planner.critic={critic_job.checkpoint}" in by_agent["planner_critic"]
     assert by_agent["iql"][0] == f"checkpoint={critic_job.checkpoint}"
+
+
+def test_the_behaviour_policy_plays_each_seed_beside_the_trained_agents(tmp_path, monkeypatch):
+    launcher = PretendLauncher()
+    monkeypatch.setattr(compare_cli, "launch", launcher)
+    goals = ["compare=goals-pointmaze-umaze", "compare.n=2", "compare.K=1", "compare.B=500"]
+    state = run_compare(tmp_path, launcher, *goals)
+    played = [job for job in launcher.jobs if Path(job.run_dir).parent.name == "behaviour"]
+    assert [job.kind for job in played] == ["eval", "eval"]  # nothing trained for it
+    assert [job.args[0] for job in played] == ["planner.seed=0", "planner.seed=1"]
+    assert "checkpoint=behaviour:pointmaze/umaze-v0" in played[0].args
+    assert "goals vs behaviour" in state.decisions
+    with open(tmp_path / "agents.csv") as file:
+        behaviour = next(row for row in csv.DictReader(file) if row["name"] == "behaviour")
+    assert behaviour["model_minutes"] == behaviour["critic_minutes"] == ""  # none trained
 
 
 @pytest.mark.parametrize(

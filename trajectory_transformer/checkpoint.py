@@ -99,6 +99,12 @@ def pretrained_name(path: str | os.PathLike) -> str | None:
     return text[len(PRETRAINED) :] if text.startswith(PRETRAINED) else None
 
 
+def behaviour_name(path: str | os.PathLike) -> str | None:
+    """The dataset id named by a `behaviour:<dataset id>` path; None for any other path."""
+    text = str(path)
+    return text[len(BEHAVIOUR) :] if text.startswith(BEHAVIOUR) else None
+
+
 def is_pretrained(path: str | os.PathLike) -> bool:
     return pretrained_name(path) is not None
 

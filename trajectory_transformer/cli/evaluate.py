@@ -14,8 +14,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from trajectory_transformer import suites
 from trajectory_transformer.checkpoint import (
-    BEHAVIOUR,
     CheckpointError,
+    behaviour_name,
     checkpoint_file,
     is_pretrained,
     pretrained_name,
@@ -47,7 +47,7 @@ def run(cfg: EvaluateConfig) -> dict:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     device = resolve_device(cfg.device)
     envs = min(cfg.eval.num_envs, cfg.eval.episodes)
-    behaviour = cfg.checkpoint.startswith(BEHAVIOUR)
+    behaviour = behaviour_name(cfg.checkpoint) is not None
     manifest_planner = False  # planned with a pretrained checkpoint's manifest settings
     # A pretrained checkpoint is installed with the package: its evaluations are listed in
     # their run directories alone.
@@ -208,7 +208,7 @@ def iql_agent(cfg: EvaluateConfig, device: torch.device) -> IQLAgent:
 def behaviour_agent(cfg: EvaluateConfig):
     """The behaviour policy of the embedded dataset that `checkpoint=behaviour:<id>` names,
     its noise drawn by `planner.seed`: the reference a learned agent is measured against."""
-    dataset_id = cfg.checkpoint.removeprefix(BEHAVIOUR)
+    dataset_id = behaviour_name(cfg.checkpoint)
     if cfg.planner.agent != "beam" or cfg.planner.critic is not None:
         raise ConfigError(
             f"checkpoint={cfg.checkpoint} plays the dataset's own policy, with no model or "
@@ -227,7 +227,7 @@ def behaviour_agent(cfg: EvaluateConfig):
 
 
 def planner_settings(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> dict:
-    if cfg.checkpoint.startswith(BEHAVIOUR):  # the dataset's policy, its noise drawn by the seed
+    if behaviour_name(cfg.checkpoint) is not None:  # the dataset's policy, its seed's noise
         return {"agent": "behaviour", "seed": cfg.planner.seed}
     if isinstance(planner, IQLAgent):
         return {"agent": "iql", "critic": str(Path(cfg.checkpoint).resolve())}
@@ -238,7 +238,7 @@ def evaluation_identity(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) ->
     """What decides how an episode plays, for an `EpisodeJournal`: the checkpoint (as it is on
     disk now), the agent's settings and the environment. The number of envs, the device and
     the reference scores are left out: an interrupted evaluation may continue on others."""
-    if cfg.checkpoint.startswith(BEHAVIOUR):
+    if behaviour_name(cfg.checkpoint) is not None:
         return {
             "checkpoint": cfg.checkpoint,
             "dataset_fingerprint": planner.dataset.fingerprint,

@@ -40,7 +40,7 @@ from trajectory_transformer.evaluation import (
     make_vector_env,
     write_video,
 )
-from trajectory_transformer.planning import BeamPlanner, PlannerConfig
+from trajectory_transformer.planning import BeamPlanner
 
 
 def run(cfg: EvaluateConfig) -> dict:
@@ -57,12 +57,15 @@ def run(cfg: EvaluateConfig) -> dict:
     elif cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
-        manifest_planner = planner_of_manifest(cfg)
+        source, settings = cfg.checkpoint, planner_overrides(cfg)
+        manifest_planner = settings is not None
         try:  # a run dir: its model.pt; pretrained:<dataset id>: that checkpoint
             cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))
         except CheckpointError as error:
             raise ConfigError(str(error)) from None
-        planner = beam_planner(cfg, device, envs)
+        if settings is None:
+            source, settings = cfg.checkpoint, OmegaConf.to_container(cfg.planner, resolve=True)
+        planner = beam_planner(cfg, source, settings, device, envs)
     info = planner.dataset
     # Settled before any env starts, so that a request that cannot be honoured fails first.
     scores, no_score_reason, warning = reference_scores.resolve(
@@ -144,30 +147,31 @@ def run(cfg: EvaluateConfig) -> dict:
     return result.summary()
 
 
-def planner_of_manifest(cfg: EvaluateConfig) -> bool:
-    """Give a pretrained checkpoint the planner settings that its manifest's planner score was
-    measured with, where the command line chose no planner preset (`planner=<name>`); its
-    `planner.<key>=` overrides stay on top. True where it did."""
+def planner_overrides(cfg: EvaluateConfig) -> dict | None:
+    """For a pretrained checkpoint planned with no preset on the command line
+    (`planner=<name>`), the `planner.<key>=` values given there alone: `from_checkpoint` lays
+    them over the settings its manifest's planner score was measured with. None otherwise
+    (the composed `cfg.planner` is the planner's)."""
     name = pretrained_name(cfg.checkpoint)
     overrides = HydraConfig.get().overrides.task
     if name is None or any(o.lstrip("+~").startswith("planner=") for o in overrides):
-        return False
+        return None
     try:
-        manifest = pretrained_planner_settings(name)
+        pretrained_planner_settings(name)
     except CheckpointError as error:  # a name that is not installed: the known ones
         raise ConfigError(str(error)) from None
-    given = {o.lstrip("+~").split("=", 1)[0].removeprefix("planner.") for o in overrides}
-    for key, value in (dataclasses.asdict(PlannerConfig()) | manifest).items():
-        if key not in given:
-            setattr(cfg.planner, key, value)
-    return True
+    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
+    planner = OmegaConf.to_container(cfg.planner, resolve=True)
+    return {key: value for key, value in planner.items() if f"planner.{key}" in given}
 
 
-def beam_planner(cfg: EvaluateConfig, device: torch.device, envs: int) -> BeamPlanner:
-    """The beam search over the checkpoint's model, with the planner settings of `cfg`."""
-    settings = OmegaConf.to_container(cfg.planner, resolve=True)
+def beam_planner(
+    cfg: EvaluateConfig, source: str, settings: dict, device: torch.device, envs: int
+) -> BeamPlanner:
+    """The beam search over the model of `source` (a checkpoint file, or `pretrained:<name>`
+    whose manifest settings `settings` override), with those planner settings."""
     try:
-        planner = BeamPlanner.from_checkpoint(cfg.checkpoint, device=device, **settings)
+        planner = BeamPlanner.from_checkpoint(source, device=device, **settings)
     except CheckpointError:
         raise  # a missing or unreadable file, or a critic of another dataset, says so itself
     except ValueError as error:

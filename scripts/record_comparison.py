@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 from render_results import format_record
 
-from trajectory_transformer.comparison.protocol import EQUAL_MEANS
+from trajectory_transformer.comparison.protocol import DECISION_WORDS
 
 AGENT_COLUMNS = [
     "agent",
@@ -39,13 +39,9 @@ AGENT_COLUMNS = [
     "planning per env-step (ms)",
 ]
 DECISION_COLUMNS = ["comparison", "mean 1", "mean 2", "mean 1 - mean 2", "decision", "P(1 > 2)"]
-DECISIONS = {
-    "larger": "**larger**",
-    "smaller": "smaller",
-    "equal": f"equal ({EQUAL_MEANS})",
-    "continue": "undecided so far",
-}
-"""How each of AdaStop's decisions reads in a table."""
+DECISIONS = DECISION_WORDS | {"larger": "**larger**"}
+"""How each of AdaStop's decisions reads in a table (as tt-compare's report says it, a win in
+bold)."""
 PLACE_OVERRIDES = ("hydra.run.dir=", "hydra.mode=", "hydra.sweep.dir=")
 """Overrides that say where a run was written, not what ran: left out of the command."""
 

@@ -660,6 +660,10 @@ def median_of(costs: list[dict], key: str, scale: float = 1.0) -> float | None:
     return float(np.median(values)) * scale if values else None
 
 
+DECISION_WORDS = {"equal": f"equal ({EQUAL_MEANS})", "continue": "continue (undecided so far)"}
+"""How AdaStop's decisions that need a word of explanation read in a table."""
+
+
 def decisions_markdown(rows: list[dict], normalized: bool, reference: dict | None = None) -> str:
     unit = "normalised score" if normalized else "return (no reference scores)"
     if normalized and reference is not None and reference.get("reference_source"):
@@ -672,11 +676,7 @@ def decisions_markdown(rows: list[dict], normalized: bool, reference: dict | Non
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        decision = row["decision"]
-        if decision == "equal":
-            decision = f"equal ({EQUAL_MEANS})"
-        elif decision == "continue":
-            decision = "continue (undecided so far)"
+        decision = DECISION_WORDS.get(row["decision"], row["decision"])
         lines.append(
             f"| {row['comparison']} | {row['mean_1']:.1f} | {row['mean_2']:.1f} | "
             f"{row['mean_difference']:+.1f} | {decision} | {row['interims']} | "

@@ -83,10 +83,11 @@ lint: $(VENV)/.installed-test
 
 # Every pretrained checkpoint (pretrained/manifest.json) evaluated again, with the planner and
 # with BC, each score compared with its manifest's; the table of what it measured is the record
-# pretrained/scores, written into the pages (scripts/pretrained.py check).
+# pretrained/scores, written into the pages (scripts/pretrained.py check). RESUME=1 continues
+# an interrupted one, keeping the episodes it had finished.
 .PHONY: results
 results: $(VENV)/.installed
-	$(BIN)/python scripts/pretrained.py check
+	$(BIN)/python scripts/pretrained.py check $(if $(RESUME),--resume)
 	$(BIN)/python scripts/render_results.py
 
 # Every results table of the README and docs/ written from its record, docs/results/records/

@@ -33,6 +33,12 @@ scripts/render_results.py) and exits with 1 if a score disagrees.
 
 evaluates the checkpoints named alone (one just added) and updates their rows of the record,
 keeping the others' as the last full check measured them.
+
+    python scripts/pretrained.py check --resume   # make results RESUME=1
+
+continues a check that was interrupted (Ctrl-C, a failed evaluation, a machine that went
+away), in the same `--out`: the episodes its evaluations had finished are kept, and the
+record's wall time adds the time each run took.
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 from trajectory_transformer.planning import PlannerConfig
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+RESUME_HINT = "`make results RESUME=1` (scripts/pretrained.py check --resume)"
 AGREEMENT = 0.99
 """float16 is kept where at least this share of the model's most likely tokens is unchanged..."""
 LOG_PROB_TOLERANCE = 0.05
@@ -226,19 +233,28 @@ def agrees(score: float, stderr: float, recorded: dict) -> bool:
 
 
 def evaluate_again(
-    name: str, recorded: dict, run_dir: Path, extra: list[str], threads: int | None = None
+    name: str,
+    recorded: dict,
+    run_dir: Path,
+    extra: list[str],
+    threads: int | None = None,
+    resume: bool = False,
 ) -> dict:
-    """Run a manifest's evaluation command again, into a fresh `run_dir`; its results.json.
-    A previous check's run there is removed first: tt-eval would resume its episodes instead
-    of playing them again (or refuse them, its checkpoint having changed since)."""
-    shutil.rmtree(run_dir, ignore_errors=True)
+    """Run a manifest's evaluation command again, into `run_dir`; its results.json. A
+    previous check's run there is removed first, since tt-eval would keep its episodes instead
+    of playing them again; with `resume`, an interrupted check, it is kept, and tt-eval plays
+    only the episodes it had not finished (refusing them where the checkpoint, the planner
+    settings or the env differ)."""
+    if not resume:
+        shutil.rmtree(run_dir, ignore_errors=True)
     overrides = evaluation_overrides(name, recorded)
     module = "trajectory_transformer.cli.evaluate"
     command = [sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={run_dir}"]
     environment = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     done = subprocess.run(command, capture_output=True, text=True, env=environment)
     if done.returncode != 0:
-        raise SystemExit(f"{name}: tt-eval {shlex.join(overrides)} failed:\n{done.stderr}")
+        again = "" if resume else f" ({RESUME_HINT} continues this check, keeping what finished)"
+        raise SystemExit(f"{name}: tt-eval {shlex.join(overrides)} failed{again}:\n{done.stderr}")
     return json.loads((run_dir / "results.json").read_text())
 
 
@@ -255,6 +271,10 @@ def check(args: argparse.Namespace) -> int:
         )
     checked = [name for name in manifest if not args.only or name in args.only]
     started, rows, disagreements = time.monotonic(), [], []
+    # The evaluations' wall time over every run of this check, an interrupted one's included.
+    clock = Path(args.out) / "check-time.json"
+    before = json.loads(clock.read_text()) if args.resume and clock.is_file() else {}
+    runs, seconds_before = before.get("runs", 0) + 1, before.get("seconds", 0.0)
     # Every planner before any BC: BC plays in seconds what the planner plays in minutes, so
     # the short runs fill the cores at the end instead of one long one running alone.
     evaluations = [(name, agent) for agent in ("planner", "bc") for name in checked]
@@ -265,10 +285,23 @@ def check(args: argparse.Namespace) -> int:
     def again(evaluation: tuple[str, str]) -> dict:
         name, agent = evaluation
         recorded, run_dir = manifest[name]["scores"][agent], Path(args.out) / name / agent
-        return evaluate_again(name, recorded, run_dir, args.extra, threads)
+        return evaluate_again(name, recorded, run_dir, args.extra, threads, args.resume)
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+    def keep_time() -> None:
+        clock.parent.mkdir(parents=True, exist_ok=True)
+        seconds = seconds_before + time.monotonic() - started
+        clock.write_text(json.dumps({"runs": runs, "seconds": round(seconds, 1)}) + "\n")
+
+    pool = ThreadPoolExecutor(max_workers=args.jobs)
+    try:
         measured = dict(zip(evaluations, pool.map(again, evaluations), strict=True))
+    except KeyboardInterrupt:
+        print(f"interrupted: {RESUME_HINT} continues it", file=sys.stderr)
+        raise
+    finally:
+        # Stopped (Ctrl-C, a failed evaluation): start no more; --resume adds the time taken.
+        pool.shutdown(cancel_futures=True)
+        keep_time()
     for name in checked:
         entry, row = manifest[name], [name]
         for agent in ("planner", "bc"):
@@ -283,12 +316,13 @@ def check(args: argparse.Namespace) -> int:
             row += [was, now if ok else f"{now} (disagrees)"]
             print(f"{name} {agent}: {now}, manifest {was}: {'agrees' if ok else 'DISAGREES'}")
         rows.append(row)
-    minutes = (time.monotonic() - started) / 60
+    minutes = json.loads(clock.read_text())["seconds"] / 60
     path = Path(args.record)
-    record = scores_record(path, manifest, rows, minutes, args)
+    record = scores_record(path, manifest, rows, minutes, runs, args)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(format_record(record))
-    print(f"{len(checked)} checkpoints in {minutes:.1f} minutes; table: {path}")
+    over = f" over {runs} runs" if runs > 1 else ""
+    print(f"{len(checked)} checkpoints in {minutes:.1f} minutes{over}; table: {path}")
     if disagreements:
         print(f"disagree with the manifest: {', '.join(disagreements)}")
         return 1
@@ -296,14 +330,21 @@ def check(args: argparse.Namespace) -> int:
 
 
 def scores_record(
-    path: Path, manifest: dict, rows: list[list[str]], minutes: float, args: argparse.Namespace
+    path: Path,
+    manifest: dict,
+    rows: list[list[str]],
+    minutes: float,
+    runs: int,
+    args: argparse.Namespace,
 ) -> dict:
     """The record of a check: its rows, or with `--only` the record at `path` with the rows
     of the checkpoints checked replaced (added where new, removed where no longer in the
     manifest), its provenance extended and its note saying which were evaluated when."""
     machine, today = f"{platform.machine()}, {args.machine}", date.today().isoformat()
+    resumed = f" (over {runs} runs, continued with `--resume`)" if runs > 1 else ""
     note = (
-        f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes; normalised "
+        f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes{resumed}; "
+        "normalised "
         "scores, mean ± standard error over the manifest's evaluation episodes. A score "
         "agrees with the manifest's where they differ by at most twice their combined "
         "standard error, or by at most one point."
@@ -381,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="evaluate these checkpoints alone (e.g. one just added) and update their rows of "
         "the record, keeping the others'",
+    )
+    checking.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted check (same --out): keep the episodes its evaluations "
+        "had finished, and count the time it had taken",
     )
     checking.add_argument("extra", nargs="*", help="tt-eval overrides for every evaluation")
     args = parser.parse_args(argv)

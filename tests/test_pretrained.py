@@ -188,6 +188,36 @@ def test_make_results_evaluates_every_checkpoint_again_and_finds_what_disagrees(
     assert "disagrees" not in record.read_text()
 
 
+def test_an_interrupted_check_resumes_keeping_the_episodes_it_had_finished(pretrained, tmp_path):
+    again, record = tmp_path / "again", tmp_path / "scores.json"
+    arguments = ["check", "--out", str(again), "--record", str(record)]
+    # Interrupted after the planner's first episode (of the manifest's 2): its journal holds it.
+    planner = again / "test/tiny-v0" / "planner"
+    (entry,) = json.loads((pretrained[0] / "manifest.json").read_text())["checkpoints"].values()
+    overrides = script.evaluation_overrides("test/tiny-v0", entry["scores"]["planner"])
+    first = run_module(
+        "trajectory_transformer.cli.evaluate",
+        *overrides,
+        "eval.episodes=1",
+        f"hydra.run.dir={planner}",
+    )
+    assert first.returncode == 0, first.stderr
+    journal = (planner / "episodes.jsonl").read_text().splitlines()
+    (again / "check-time.json").write_text(json.dumps({"runs": 1, "seconds": 600.0}))
+
+    script.main([*arguments, "--resume"])
+    resumed = (planner / "episodes.jsonl").read_text().splitlines()
+    assert resumed[: len(journal)] == journal and len(resumed) == len(journal) + 1
+    clock = json.loads((again / "check-time.json").read_text())
+    assert clock["runs"] == 2 and clock["seconds"] > 600.0
+    assert "in 10 minutes (over 2 runs" in json.loads(record.read_text())["note"]
+
+    # Without --resume a check starts over: every episode played again, its time its own.
+    script.main(arguments)
+    assert (planner / "episodes.jsonl").read_text().splitlines()[1] != journal[1]
+    assert json.loads((again / "check-time.json").read_text())["runs"] == 1
+
+
 def test_two_scores_agree_within_twice_their_combined_standard_error():
     agrees = script.agrees
     assert agrees(50.0, 3.0, {"normalized_score_mean": 59.9, "normalized_score_stderr": 4.0})

@@ -314,7 +314,9 @@ def check(args: argparse.Namespace) -> int:
             was = "{normalized_score_mean:.1f} ± {normalized_score_stderr:.1f}".format(**recorded)
             now = f"{score:.1f} ± {stderr:.1f}"
             row += [was, now if ok else f"{now} (disagrees)"]
-            print(f"{name} {agent}: {now}, manifest {was}: {'agrees' if ok else 'DISAGREES'}")
+            verdict = "agrees" if ok else "DISAGREES"
+            took = results["wall_seconds"] / 60  # where the check's time goes
+            print(f"{name} {agent}: {now}, manifest {was}: {verdict} ({took:.1f} min)")
         rows.append(row)
     minutes = json.loads(clock.read_text())["seconds"] / 60
     path = Path(args.record)

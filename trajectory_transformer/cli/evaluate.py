@@ -19,7 +19,6 @@ from trajectory_transformer.checkpoint import (
     checkpoint_file,
     is_pretrained,
     pretrained_name,
-    pretrained_planner_settings,
     value_targets_of,
 )
 from trajectory_transformer.cli.common import (
@@ -57,12 +56,13 @@ def run(cfg: EvaluateConfig) -> dict:
     elif cfg.planner.agent == "iql":
         planner = iql_agent(cfg, device)
     else:
-        source, settings = cfg.checkpoint, planner_overrides(cfg)
-        manifest_planner = settings is not None
+        source = cfg.checkpoint
         try:  # a run dir: its model.pt; pretrained:<dataset id>: that checkpoint
-            cfg.checkpoint = str(checkpoint_file(cfg.checkpoint))
-        except CheckpointError as error:
+            cfg.checkpoint = str(checkpoint_file(source))
+        except CheckpointError as error:  # a pretrained name not installed: the known ones
             raise ConfigError(str(error)) from None
+        settings = planner_overrides(cfg, source)
+        manifest_planner = settings is not None
         if settings is None:
             source, settings = cfg.checkpoint, OmegaConf.to_container(cfg.planner, resolve=True)
         planner = beam_planner(cfg, source, settings, device, envs)
@@ -147,19 +147,16 @@ def run(cfg: EvaluateConfig) -> dict:
     return result.summary()
 
 
-def planner_overrides(cfg: EvaluateConfig) -> dict | None:
-    """For a pretrained checkpoint planned with no preset on the command line
-    (`planner=<name>`), the `planner.<key>=` values given there alone: `from_checkpoint` lays
-    them over the settings its manifest's planner score was measured with. None otherwise
-    (the composed `cfg.planner` is the planner's)."""
-    name = pretrained_name(cfg.checkpoint)
+def planner_overrides(cfg: EvaluateConfig, source: str) -> dict | None:
+    """For a pretrained checkpoint (`source` is `pretrained:<name>`) planned with no preset on
+    the command line (`planner=<name>`), the `planner.<key>=` values given there alone:
+    `from_checkpoint` lays them over the settings its manifest's planner score was measured
+    with. None otherwise (the composed `cfg.planner` is the planner's)."""
     overrides = HydraConfig.get().overrides.task
-    if name is None or any(o.lstrip("+~").startswith("planner=") for o in overrides):
+    if pretrained_name(source) is None or any(
+        o.lstrip("+~").startswith("planner=") for o in overrides
+    ):
         return None
-    try:
-        pretrained_planner_settings(name)
-    except CheckpointError as error:  # a name that is not installed: the known ones
-        raise ConfigError(str(error)) from None
     given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     planner = OmegaConf.to_container(cfg.planner, resolve=True)
     return {key: value for key, value in planner.items() if f"planner.{key}" in given}

@@ -53,7 +53,7 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import fields
 from datetime import date
 from pathlib import Path
@@ -292,9 +292,19 @@ def check(args: argparse.Namespace) -> int:
         seconds = seconds_before + time.monotonic() - started
         clock.write_text(json.dumps({"runs": runs, "seconds": round(seconds, 1)}) + "\n")
 
-    pool = ThreadPoolExecutor(max_workers=args.jobs)
+    pool, measured = ThreadPoolExecutor(max_workers=args.jobs), {}
     try:
-        measured = dict(zip(evaluations, pool.map(again, evaluations), strict=True))
+        running = {pool.submit(again, evaluation): evaluation for evaluation in evaluations}
+        for done in as_completed(running):  # each as it ends: a full check takes an hour
+            (name, agent), results = running[done], done.result()
+            measured[name, agent] = results
+            print(
+                f"[{len(measured)}/{len(evaluations)}] {name} {agent}: "
+                f"{results['normalized_score_mean']:.1f} ± "
+                f"{results['normalized_score_stderr']:.1f} "
+                f"({results['wall_seconds'] / 60:.1f} min)",
+                flush=True,
+            )
     except KeyboardInterrupt:
         print(f"interrupted: {RESUME_HINT} continues it", file=sys.stderr)
         raise
@@ -314,9 +324,7 @@ def check(args: argparse.Namespace) -> int:
             was = "{normalized_score_mean:.1f} ± {normalized_score_stderr:.1f}".format(**recorded)
             now = f"{score:.1f} ± {stderr:.1f}"
             row += [was, now if ok else f"{now} (disagrees)"]
-            verdict = "agrees" if ok else "DISAGREES"
-            took = results["wall_seconds"] / 60  # where the check's time goes
-            print(f"{name} {agent}: {now}, manifest {was}: {verdict} ({took:.1f} min)")
+            print(f"{name} {agent}: {now}, manifest {was}: {'agrees' if ok else 'DISAGREES'}")
         rows.append(row)
     minutes = json.loads(clock.read_text())["seconds"] / 60
     path = Path(args.record)

@@ -162,13 +162,17 @@ def test_every_checkpoint_of_the_installed_manifest_is_there(monkeypatch):
 
 
 def test_make_results_evaluates_every_checkpoint_again_and_finds_what_disagrees(
-    pretrained, tmp_path
+    pretrained, tmp_path, capsys
 ):
     out, _ = pretrained
     record = tmp_path / "scores.json"
     arguments = ["check", "--out", str(tmp_path / "again"), "--record", str(record)]
     # The manifest's made-up scores (41.2 ± 2.5) are not what the untrained model plays.
     assert script.main(arguments) == 1
+    # Each evaluation is told as it ends.
+    told = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert [line[:6] for line in told] == ["[1/2] ", "[2/2] "]
+    assert {line[6:].split(":")[0] for line in told} == {"test/tiny-v0 planner", "test/tiny-v0 bc"}
     (row,) = json.loads(record.read_text())["rows"]
     assert row[0] == "test/tiny-v0" and row[1] == "41.2 ± 2.5" and "disagrees" in row[2]
     # Given what it does play, everything agrees.

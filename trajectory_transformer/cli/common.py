@@ -181,12 +181,18 @@ def first_line(error: BaseException) -> str:
     return f"{key}: {text}" if key and key not in text else text
 
 
+def override_key(override: str) -> str:
+    """The key or config group a command-line override sets: `planner.horizon` for
+    `+planner.horizon=5`, `planner` for `planner=maze`."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
 def config_without(config_name: str, overrides: Sequence[str], key: str) -> DictConfig:
     """The config composed with the overrides that do not set `key` (nor a key below it), or
     with none where those fail too."""
 
     def sets_key(override: str) -> bool:
-        name = override.split("=", 1)[0].lstrip("+~")
+        name = override_key(override)
         return name == key or name.startswith(f"{key}.")
 
     try:

@@ -24,6 +24,7 @@ from trajectory_transformer.checkpoint import (
 from trajectory_transformer.cli.common import (
     ConfigError,
     command,
+    override_key,
     resolve_device,
 )
 from trajectory_transformer.cli.resources import check_planning_fits
@@ -152,12 +153,9 @@ def planner_overrides(cfg: EvaluateConfig, source: str) -> dict | None:
     the command line (`planner=<name>`), the `planner.<key>=` values given there alone:
     `from_checkpoint` lays them over the settings its manifest's planner score was measured
     with. None otherwise (the composed `cfg.planner` is the planner's)."""
-    overrides = HydraConfig.get().overrides.task
-    if pretrained_name(source) is None or any(
-        o.lstrip("+~").startswith("planner=") for o in overrides
-    ):
+    given = {override_key(o) for o in HydraConfig.get().overrides.task}
+    if pretrained_name(source) is None or "planner" in given:
         return None
-    given = {o.lstrip("+~").split("=", 1)[0] for o in overrides}
     planner = OmegaConf.to_container(cfg.planner, resolve=True)
     return {key: value for key, value in planner.items() if f"planner.{key}" in given}
 

@@ -36,8 +36,8 @@ keeping the others' as the last full check measured them.
 
     python scripts/pretrained.py check --resume   # make results RESUME=1
 
-continues a check that was interrupted (Ctrl-C, a failed evaluation, a machine that went
-away), in the same `--out`: the episodes its evaluations had finished are kept, and the
+continues a check that was interrupted (Ctrl-C or SIGTERM, which end its running evaluations
+too; a failed evaluation; a machine that went away), in the same `--out`: the episodes its evaluations had finished are kept, and the
 record's wall time adds the time each run took.
 """
 
@@ -50,10 +50,13 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import fields
 from datetime import date
 from pathlib import Path
@@ -251,11 +254,43 @@ def evaluate_again(
     module = "trajectory_transformer.cli.evaluate"
     command = [sys.executable, "-m", module, *overrides, *extra, f"hydra.run.dir={run_dir}"]
     environment = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
-    done = subprocess.run(command, capture_output=True, text=True, env=environment)
-    if done.returncode != 0:
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with subprocess.Popen(command, env=environment, **pipes) as evaluation:
+        RUNNING.add(evaluation)
+        try:
+            _, stderr = evaluation.communicate()
+        finally:
+            RUNNING.discard(evaluation)
+    if evaluation.returncode != 0:
         again = "" if resume else f" ({RESUME_HINT} continues this check, keeping what finished)"
-        raise SystemExit(f"{name}: tt-eval {shlex.join(overrides)} failed{again}:\n{done.stderr}")
+        raise SystemExit(f"{name}: tt-eval {shlex.join(overrides)} failed{again}:\n{stderr}")
     return json.loads((run_dir / "results.json").read_text())
+
+
+RUNNING: set[subprocess.Popen] = set()
+"""The check's tt-eval processes now running: a stop sent to the check alone reaches them."""
+
+
+@contextmanager
+def stopped_as_by_ctrl_c():
+    """SIGTERM (a scheduler, a machine going away) and SIGINT stop a check as Ctrl-C does:
+    the running evaluations end, their finished episodes kept for `--resume`. SIGINT is set
+    again because a shell starting the check in the background (`cmd &`) ignores it."""
+
+    def stop(signum: int, frame: object) -> None:
+        for evaluation in list(RUNNING):
+            evaluation.terminate()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers
+        return
+    before = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def check(args: argparse.Namespace) -> int:
@@ -442,7 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     checking.add_argument("extra", nargs="*", help="tt-eval overrides for every evaluation")
     args = parser.parse_args(argv)
     if args.command == "check":
-        return check(args)
+        with stopped_as_by_ctrl_c():
+            return check(args)
     add(args)
     return 0
 

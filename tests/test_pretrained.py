@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -220,6 +224,53 @@ def test_an_interrupted_check_resumes_keeping_the_episodes_it_had_finished(pretr
     script.main(arguments)
     assert (planner / "episodes.jsonl").read_text().splitlines()[1] != journal[1]
     assert json.loads((again / "check-time.json").read_text())["runs"] == 1
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").is_file(), reason="reads /proc")
+def test_a_terminated_check_stops_its_evaluations_and_keeps_its_time(pretrained, tmp_path):
+    """SIGTERM to the check alone, as a scheduler sends it: its evaluations end too, instead
+    of playing on for an hour, and the time taken is kept for --resume."""
+    again = tmp_path / "again"
+    # Evaluations far longer than the test: only the stop can end them in time.
+    long = ["eval.episodes=100000", "eval.max_episode_steps=10"]
+    arguments = ["check", "--out", str(again), "--record", str(tmp_path / "scores.json"), *long]
+    script_path = Path(script.__file__)
+    check = subprocess.Popen(
+        [sys.executable, str(script_path), *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Ignored SIGINT, as a background job of a non-interactive shell has it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+
+    def evaluations() -> list[int]:
+        running = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                text = cmdline.read_bytes()
+            except OSError:
+                continue
+            if str(again).encode() in text and b"cli.evaluate" in text:
+                running.append(int(cmdline.parent.name))
+        return running
+
+    try:
+        deadline = time.monotonic() + 120
+        while not (again / "test/tiny-v0" / "planner" / "episodes.jsonl").is_file():
+            assert check.poll() is None and time.monotonic() < deadline, check.stderr.read()
+            time.sleep(0.2)
+        assert evaluations()
+        check.send_signal(signal.SIGTERM)
+        _, stderr = check.communicate(timeout=60)
+        assert check.returncode != 0 and "--resume" in stderr
+        assert not evaluations()
+    finally:  # a failing run leaves nothing playing on
+        check.kill()
+        for pid in evaluations():
+            os.kill(pid, signal.SIGKILL)
+    clock = json.loads((again / "check-time.json").read_text())
+    assert clock["runs"] == 1 and clock["seconds"] > 0
 
 
 def test_two_scores_agree_within_twice_their_combined_standard_error():

@@ -37,8 +37,8 @@ keeping the others' as the last full check measured them.
     python scripts/pretrained.py check --resume   # make results RESUME=1
 
 continues a check that was interrupted (Ctrl-C or SIGTERM, which end its running evaluations
-too; a failed evaluation; a machine that went away), in the same `--out`: the episodes its evaluations had finished are kept, and the
-record's wall time adds the time each run took.
+too; a failed evaluation; a machine that went away), in the same `--out`: the episodes its
+evaluations had finished are kept, and the record's wall time adds the time each run took.
 """
 
 from __future__ import annotations
@@ -386,13 +386,12 @@ def scores_record(
     of the checkpoints checked replaced (added where new, removed where no longer in the
     manifest), its provenance extended and its note saying which were evaluated when."""
     machine, today = f"{platform.machine()}, {args.machine}", date.today().isoformat()
-    resumed = f" (over {runs} runs, continued with `--resume`)" if runs > 1 else ""
+    resumed = f"; over {runs} runs, continued with `--resume`" if runs > 1 else ""
     note = (
-        f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes{resumed}; "
-        "normalised "
-        "scores, mean ± standard error over the manifest's evaluation episodes. A score "
-        "agrees with the manifest's where they differ by at most twice their combined "
-        "standard error, or by at most one point."
+        f"Every pretrained checkpoint evaluated again in {minutes:.0f} minutes "
+        f"({args.machine}{resumed}); normalised scores, mean ± standard error over the "
+        "manifest's evaluation episodes. A score agrees with the manifest's where they differ "
+        "by at most twice their combined standard error, or by at most one point."
     )
     provenance = {"commands": ["make results"], "machines": [machine], "dates": [today]}
     if args.only and path.is_file():

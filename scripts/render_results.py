@@ -22,9 +22,10 @@ record:
 
 The opening marker may select columns and rows, by name (a row by its first cell) or by index
 from 0, separated by `;`: `<!-- results: planner-scores/pendulum columns="dataset;BC"
-rows="pendulum/medium-v0" -->`. A record's cell may instead name a cell of another record, so
-that one figure has one source wherever it is shown (the README's headline table is such a
-view):
+rows="pendulum/medium-v0" -->`; `note="yes"` writes the record's `note` (what the measuring
+script says of the whole table, such as its wall time) below the table. A record's cell may
+instead name a cell of another record, so that one figure has one source wherever it is shown
+(the README's headline table is such a view):
 
     {"record": "planner-scores/pendulum", "row": "pendulum/medium-replay-v0", "column": "BC"}
 
@@ -198,10 +199,15 @@ def render_page(text: str, records: Path = RECORDS) -> tuple[str, list[str]]:
 
     def block(match: re.Match) -> str:
         options = dict(OPTION.findall(match["options"]))
-        unknown = set(options) - {"columns", "rows"}
+        unknown = set(options) - {"columns", "rows", "note"}
         if unknown:
             raise RecordError(f"unknown marker options {sorted(unknown)} for {match['name']}")
         body = table(match["name"], options.get("columns"), options.get("rows"), records) + "\n"
+        if options.get("note") == "yes":
+            note = load(match["name"], records).get("note")
+            if not note:
+                raise RecordError(f'record {match["name"]!r} has no note to show (note="yes")')
+            body += f"{note}\n\n"
         if body != match["body"]:
             changed.append(match["name"] + match["options"])
         return f"<!-- results: {match['name']}{match['options']} -->\n{body}<!-- /results -->"

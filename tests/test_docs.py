@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import config_reference
+import pytest
+import render_results
 
 ROOT = Path(__file__).resolve().parent.parent
 README_MOST_LINES = 250
@@ -100,3 +102,29 @@ def test_every_results_table_is_written_from_its_record():
     assert checked.returncode == 0, checked.stdout + checked.stderr
     pages = [p for p in markdown_files() if p.is_file() and "<!-- results:" in p.read_text()]
     assert ROOT / "README.md" in pages and len(pages) > 5
+
+
+def test_a_marker_asking_for_the_note_writes_it_below_the_table(tmp_path):
+    """`note="yes"`: what the measuring script says of the whole table (a check's wall time)
+    is shown with it, from the record, where a record without one is an error."""
+    records = tmp_path / "records"
+    (records / "check").mkdir(parents=True)
+    record = {"columns": ["dataset", "score"], "rows": [["a", "1.0"]], "note": "In 9 minutes."}
+    (records / "check" / "scores.json").write_text(render_results.format_record(record))
+    page = '<!-- results: check/scores note="yes" -->\nold\n<!-- /results -->\n'
+    text, changed = render_results.render_page(page, records)
+    assert text.split("\n")[1:6] == [
+        "| dataset | score |",
+        "|---|---|",
+        "| a | 1.0 |",
+        "",
+        "In 9 minutes.",
+    ]
+    assert changed == ['check/scores note="yes"']
+    assert render_results.render_page(text, records) == (text, [])
+    (records / "check" / "scores.json").write_text(
+        render_results.format_record({key: record[key] for key in ("columns", "rows")})
+    )
+    render_results.load.cache_clear()
+    with pytest.raises(render_results.RecordError, match="no note"):
+        render_results.render_page(page, records)

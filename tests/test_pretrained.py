@@ -218,7 +218,7 @@ def test_an_interrupted_check_resumes_keeping_the_episodes_it_had_finished(pretr
     assert resumed[: len(journal)] == journal and len(resumed) == len(journal) + 1
     clock = json.loads((again / "check-time.json").read_text())
     assert clock["runs"] == 2 and clock["seconds"] > 600.0
-    assert "in 10 minutes (over 2 runs" in json.loads(record.read_text())["note"]
+    assert "in 10 minutes (2-core CPU; over 2 runs" in json.loads(record.read_text())["note"]
 
     # Without --resume a check starts over: every episode played again, its time its own.
     script.main(arguments)

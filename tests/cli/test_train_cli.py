@@ -131,8 +131,11 @@ def test_relabelling_goals_of_a_dataset_without_goals_is_one_clear_message(tmp_p
     assert "Traceback" not in result.stderr
 
 
-def train_until_ctrl_c(*overrides: str, run_dir) -> tuple[str, str]:
-    """Start tt-train, press Ctrl-C once it has trained for a moment; (stdout, stderr)."""
+def train_until_ctrl_c(
+    *overrides: str, run_dir, stop: signal.Signals = signal.SIGINT
+) -> tuple[str, str]:
+    """Start tt-train, press Ctrl-C (or send `stop`) once it has trained for a moment;
+    (stdout, stderr)."""
     command = [sys.executable, "-m", "trajectory_transformer.cli.train", *TINY, *overrides]
     command.append(f"hydra.run.dir={run_dir}")
     process = subprocess.Popen(
@@ -145,7 +148,7 @@ def train_until_ctrl_c(*overrides: str, run_dir) -> tuple[str, str]:
             if line.startswith("model:"):
                 break
         time.sleep(1.5)
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         stdout, stderr = process.communicate(timeout=60)
     finally:
         process.kill()
@@ -167,6 +170,17 @@ def test_ctrl_c_writes_a_checkpoint_and_resume_continues_the_run(tmp_path):
     second = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=True)["training"]
     assert second["step"] > first["step"] and not second["finished"]  # it trained on
     assert second["tokens_seen"] > first["tokens_seen"]
+
+
+def test_sigterm_writes_a_checkpoint_as_ctrl_c_does(tmp_path):
+    """A cluster's scheduler ends or preempts a job with SIGTERM: the steps taken are kept."""
+    create_dataset("test/tiny-v0")
+    _, stderr = train_until_ctrl_c(
+        "trainer.max_steps=1000000", run_dir=tmp_path / "run", stop=signal.SIGTERM
+    )
+    assert "SIGTERM" in stderr and "resume=" in stderr
+    training = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)["training"]
+    assert 0 < training["step"] < 1000000 and not training["finished"]
 
 
 def test_train_in_subprocess_trains_once_then_reuses(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""Ctrl-C during a training loop, the same for the model's trainer and the critic's: a
-checkpoint never holds half a step."""
+"""Ctrl-C or SIGTERM during a training loop, the same for the model's trainer and the
+critic's: a checkpoint never holds half a step."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 STOP_LINE = "stopping after this step to write a checkpoint (Ctrl-C again: at once)"
+TERMINATE_LINE = "terminated (SIGTERM): stopping after this step to write a checkpoint"
 
 
 class StopRequests:
@@ -17,7 +18,9 @@ class StopRequests:
     in progress (`requested`; the loop then saves), or, given `divert` (the line it prints),
     asks for something else that the loop reads in `diverted` (a cooldown, say). A second
     stops at once (KeyboardInterrupt), except while an update is being applied (`applying`),
-    which is finished first. `announce`: print (one rank of several prints)."""
+    which is finished first. SIGTERM (a cluster's scheduler ending or preempting the job, a
+    container stopping) always asks for the stop, never the diversion: the process has
+    seconds left. `announce`: print (one rank of several prints)."""
 
     def __init__(self, divert: str | None = None, announce: bool = True) -> None:
         self.requested = False
@@ -47,18 +50,33 @@ class StopRequests:
         else:
             raise KeyboardInterrupt
 
-    def install(self) -> Callable | int | None:
-        """Handle SIGINT from now on; returns the handler replaced (None off the main thread,
-        where Python delivers no signals)."""
+    def terminate(self, signum: int | None = None, frame: object = None) -> None:
+        """The SIGTERM handler: the first asks for the stop, a second stops at once."""
+        if not self.requested:
+            self.requested = True
+            if self.announce:
+                print(f"\n{TERMINATE_LINE}", file=sys.stderr, flush=True)
+        elif self._applying:
+            self._abort_after_update = True
+        else:
+            raise KeyboardInterrupt
+
+    def install(self) -> dict[int, Callable | int | None] | None:
+        """Handle SIGINT and SIGTERM from now on; returns the handlers replaced (None off the
+        main thread, where Python delivers no signals)."""
         if threading.current_thread() is not threading.main_thread():
             return None
-        return signal.signal(signal.SIGINT, self.handle)
+        return {
+            signal.SIGINT: signal.signal(signal.SIGINT, self.handle),
+            signal.SIGTERM: signal.signal(signal.SIGTERM, self.terminate),
+        }
 
     @staticmethod
-    def restore(previous: Callable | int | None) -> None:
-        """Give SIGINT back to the handler that `install` replaced."""
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+    def restore(previous: dict[int, Callable | int | None] | None) -> None:
+        """Give SIGINT and SIGTERM back to the handlers that `install` replaced."""
+        for number, handler in (previous or {}).items():
+            if handler is not None:
+                signal.signal(number, handler)
 
     @contextmanager
     def installed(self) -> Iterator[None]:

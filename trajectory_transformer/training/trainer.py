@@ -419,8 +419,8 @@ class Trainer(ScheduleState, ResumableState, Validation):
         self.stops.request()
 
     def _catch_interrupt(self):
-        """First Ctrl-C: stop after this step. Second: stop now, never inside an update.
-        Returns the handler it replaced."""
+        """First Ctrl-C or SIGTERM: stop after this step. Second: stop now, never inside an
+        update. Returns the handlers it replaced."""
         return self.stops.install()
 
     def _save(self, finished: bool = False, name: str = "checkpoint.pt") -> Path | None:

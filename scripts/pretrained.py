@@ -235,6 +235,10 @@ def agrees(score: float, stderr: float, recorded: dict) -> bool:
     return abs(score - recorded["normalized_score_mean"]) <= max(2 * spread, SCORE_FLOOR)
 
 
+RUNNING: set[subprocess.Popen] = set()
+"""The check's tt-eval processes now running: a stop sent to the check alone reaches them."""
+
+
 def evaluate_again(
     name: str,
     recorded: dict,
@@ -265,10 +269,6 @@ def evaluate_again(
         again = "" if resume else f" ({RESUME_HINT} continues this check, keeping what finished)"
         raise SystemExit(f"{name}: tt-eval {shlex.join(overrides)} failed{again}:\n{stderr}")
     return json.loads((run_dir / "results.json").read_text())
-
-
-RUNNING: set[subprocess.Popen] = set()
-"""The check's tt-eval processes now running: a stop sent to the check alone reaches them."""
 
 
 @contextmanager

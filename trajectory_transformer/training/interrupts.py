@@ -36,26 +36,24 @@ class StopRequests:
 
     def handle(self, signum: int | None = None, frame: object = None) -> None:
         """The SIGINT handler."""
-        if not (self.requested or self.diverted):
-            if self.divert is not None:
-                self.diverted = True
-                line = self.divert
-            else:
-                self.requested = True
-                line = STOP_LINE
-            if self.announce:
-                print(f"\n{line}", file=sys.stderr, flush=True)
-        elif self._applying:
-            self._abort_after_update = True
-        else:
-            raise KeyboardInterrupt
+        self._ask(self.divert, STOP_LINE)
 
     def terminate(self, signum: int | None = None, frame: object = None) -> None:
-        """The SIGTERM handler: the first asks for the stop, a second stops at once."""
-        if not self.requested:
-            self.requested = True
+        """The SIGTERM handler: the stop, never the diversion."""
+        self._ask(None, TERMINATE_LINE)
+
+    def _ask(self, divert: str | None, stop_line: str) -> None:
+        """A first request asks for `divert` (where given) or for the stop, printing what it
+        asked; a later one stops at once, or after the update being applied."""
+        if not (self.requested or (divert is not None and self.diverted)):
+            if divert is not None:
+                self.diverted = True
+                line = divert
+            else:
+                self.requested = True
+                line = stop_line
             if self.announce:
-                print(f"\n{TERMINATE_LINE}", file=sys.stderr, flush=True)
+                print(f"\n{line}", file=sys.stderr, flush=True)
         elif self._applying:
             self._abort_after_update = True
         else:

@@ -258,7 +258,8 @@ def test_a_terminated_check_stops_its_evaluations_and_keeps_its_time(pretrained,
     try:
         deadline = time.monotonic() + 120
         while not (again / "test/tiny-v0" / "planner" / "episodes.jsonl").is_file():
-            assert check.poll() is None and time.monotonic() < deadline, check.stderr.read()
+            assert check.poll() is None, check.stderr.read()  # ended: its stderr says why
+            assert time.monotonic() < deadline, "no evaluation wrote an episode in 120 s"
             time.sleep(0.2)
         assert evaluations()
         check.send_signal(signal.SIGTERM)

@@ -110,6 +110,17 @@ def test_the_behaviour_agent_without_noise_scores_the_reference_controllers_retu
     np.testing.assert_allclose(np.mean(result.returns), controller, atol=1.0)
 
 
+def test_returns_from_starts_plays_the_episodes_that_tt_eval_plays():
+    # scripts/maze_starts.py scores the controller over tt-eval's seeds 0, 1, ... with it.
+    from trajectory_transformer.evaluation import evaluate
+
+    controller = pointmaze.WaypointController(pointmaze.MAZES["umaze"], 0.0)
+    starts = pointmaze.returns_from_starts("umaze", {"controller": controller}, range(3))
+    agent = pointmaze.BehaviourAgent("umaze", noise=0.0)
+    result = evaluate(agent, vector_eval_env("umaze", 2), 3, seed=0, progress=False)
+    np.testing.assert_allclose(np.mean(result.returns), starts["controller"], atol=1.0)
+
+
 def test_a_behaviour_episode_plays_alike_in_any_slot_and_the_seed_draws_its_noise():
     from trajectory_transformer.evaluation import evaluate
 

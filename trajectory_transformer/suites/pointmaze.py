@@ -62,6 +62,7 @@ import contextlib
 import functools
 import io
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -377,19 +378,30 @@ _EVALUATION_STREAM = {"random": 0, "controller": 1, "behaviour": 2}  # each poli
 
 def _evaluate(maze_name: str, policies: dict[str, collect.Policy], seed: int, episodes: int):
     """Mean return of each policy over the evaluation env's seeded reference episodes."""
+    return returns_from_starts(maze_name, policies, collect.evaluation_seeds(seed, episodes), seed)
+
+
+def returns_from_starts(
+    maze_name: str, policies: dict[str, collect.Policy], starts: Sequence[int], seed: int = 0
+) -> dict[str, float]:
+    """Mean return of each policy over the evaluation env's episodes reset with the seeds
+    ``starts`` (which place the point and the goal), each policy's noise drawn from ``seed``.
+    The reference scores are these over ``collect.evaluation_seeds``; ``tt-eval`` plays the
+    seeds ``eval.seed, eval.seed + 1, ...``."""
     import_gymnasium_robotics()
     maze = MAZES[maze_name]
-    seeds = collect.evaluation_seeds(seed, episodes)
     return {
-        name: collect.rollout(
-            evaluation_env(maze),
-            policy,
-            seeds,
-            np.random.default_rng([seed, collect.EVALUATION, _EVALUATION_STREAM[name]]),
-            num_envs=min(REFERENCE_ENVS, episodes),
-            fixed_length=True,
-            wrappers=(FlattenObservation,),
-        ).returns.mean()
+        name: float(
+            collect.rollout(
+                evaluation_env(maze),
+                policy,
+                starts,
+                np.random.default_rng([seed, collect.EVALUATION, _EVALUATION_STREAM[name]]),
+                num_envs=min(REFERENCE_ENVS, len(starts)),
+                fixed_length=True,
+                wrappers=(FlattenObservation,),
+            ).returns.mean()
+        )
         for name, policy in policies.items()
     }
 

@@ -396,8 +396,10 @@ class FakeSweep:
     def __init__(self, act):
         self.act = act
 
-    def __call__(self, command, preexec_fn=None):
-        self.command, self.preexec_fn = command, preexec_fn
+    pid = -1  # no process group: nothing to pass a stop on to
+
+    def __call__(self, command, preexec_fn=None, process_group=None):
+        self.command, self.preexec_fn, self.process_group = command, preexec_fn, process_group
         return self
 
     def wait(self):
@@ -420,6 +422,64 @@ def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         launch([Job(**job) for job in jobs], tmp_path, "interim0-eval", [])
     assert sweep.preexec_fn is compare_cli.ignore_interrupts  # the default launcher is local
+
+
+# A comparison whose sweep is one job, the checkpointing child above, started as `launch`
+# starts a sweep (its own process group, Ctrl-C ignored, the job answering it).
+LAUNCHING_COMPARISON = """
+import subprocess, sys
+from pathlib import Path
+from trajectory_transformer.cli import compare
+from trajectory_transformer.comparison.protocol import Job
+
+child = {child!r}
+sweep = (
+    "import subprocess, sys\\n"
+    "from trajectory_transformer.cli.compare import answer_interrupts\\n"
+    f"subprocess.run([sys.executable, '-c', {{child!r}}], preexec_fn=answer_interrupts)\\n"
+)
+start = subprocess.Popen
+compare.subprocess.Popen = lambda command, **kw: start([sys.executable, "-c", sweep], **kw)
+job = Job("eval", [], {run_dir!r})
+try:
+    compare.launch([job], Path({root!r}), "interim0-eval", [])
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_sent_to_the_comparison_alone_reaches_its_trainings(tmp_path, stop):
+    """A scheduler's SIGTERM, or `kill -INT`, reaches tt-compare's process alone, not its
+    sweep's: it passes the stop on as Ctrl-C, waits for the training's checkpoint, and ends the
+    comparison; the sweep is not left running."""
+    saved, ready = tmp_path / "saved", tmp_path / "ready"
+    child = CHECKPOINTING_CHILD.format(saved=str(saved), ready=str(ready))
+    script = LAUNCHING_COMPARISON.format(
+        child=child, run_dir=str(tmp_path / "evaluation0"), root=str(tmp_path)
+    )
+    comparison = subprocess.Popen(
+        [sys.executable, "-c", script],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=compare_cli.answer_interrupts,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert comparison.poll() is None, comparison.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.2)  # into its sleep
+        os.kill(comparison.pid, stop)  # the comparison's process alone
+        stdout, stderr = comparison.communicate(timeout=60)
+    finally:
+        if comparison.poll() is None:
+            os.killpg(comparison.pid, signal.SIGKILL)
+    assert saved.read_text() == "step 7", stderr.decode()[-2000:]
+    assert comparison.returncode == 130 and b"stopped" in stdout, stderr.decode()[-2000:]
 
 
 def test_a_shared_training_made_under_other_defaults_is_refused(tmp_path):

@@ -13,6 +13,7 @@ import contextlib
 import csv
 import fcntl
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -282,6 +283,28 @@ def wait_through_interrupt(process: subprocess.Popen) -> int:
         raise
 
 
+def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
+    """Wait for `sweep`, a process group of its own, to end; returns whether this process was
+    asked to stop meanwhile. Ctrl-C and SIGTERM to this process alone (a terminal's Ctrl-C, a
+    scheduler's or `kill`'s SIGTERM) are passed on to the sweep's whole group as Ctrl-C, which
+    its trainings answer by writing their checkpoints: the sweep is waited for, never left
+    running as orphans. A second stop is passed on too, and stops them at once."""
+    stops = []
+
+    def pass_on(signum, frame) -> None:
+        stops.append(signum)
+        with contextlib.suppress(ProcessLookupError):  # the sweep has just ended
+            os.killpg(sweep.pid, signal.SIGINT)
+
+    previous = {stop: signal.signal(stop, pass_on) for stop in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        sweep.wait()
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+    return bool(stops)
+
+
 def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     """Run the jobs not done yet as one multirun of this command, with the `launcher`
     overrides; returns how many ran."""
@@ -307,10 +330,10 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     interrupted = folder / INTERRUPTED
     interrupted.unlink(missing_ok=True)  # a previous run's: this one continues it
     here = runs_jobs_here(launcher)
-    wait_through_interrupt(
-        subprocess.Popen(command, preexec_fn=ignore_interrupts if here else None)
+    sweep = subprocess.Popen(
+        command, preexec_fn=ignore_interrupts if here else None, process_group=0
     )
-    if interrupted.exists():
+    if wait_passing_stops_on(sweep) or interrupted.exists():
         raise KeyboardInterrupt
     failed = [job for job in pending if not job.done()]
     if failed:
@@ -492,6 +515,7 @@ def main(cfg: DictConfig) -> None:
     if cfg.job.file is not None:
         run_job(cfg.job.file, cfg.job.index)
     else:
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop, as Ctrl-C is
         try:
             compare(cfg, Path(HydraConfig.get().runtime.output_dir), launcher_overrides())
         except KeyboardInterrupt:

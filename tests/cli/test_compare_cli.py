@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,6 +339,23 @@ except KeyboardInterrupt:
 """
 
 
+def stop_when_ready(process: subprocess.Popen, ready: Path, stop) -> tuple[bytes, bytes]:
+    """Once `process`'s job is in its sleep (`ready` exists), `stop()` it; its output. Killed
+    with its process group if it has not ended within a minute."""
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert process.poll() is None, process.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.2)  # into its sleep
+        stop()
+        return process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("sweep_ignores_ctrl_c", [False, True])
 def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path, sweep_ignores_ctrl_c):
     """Ctrl-C reaches the whole process group. `subprocess.run` would kill the training a
@@ -364,18 +382,8 @@ def test_ctrl_c_waits_for_the_job_to_write_its_checkpoint(tmp_path, sweep_ignore
             compare_cli.ignore_interrupts if sweep_ignores_ctrl_c else compare_cli.answer_interrupts
         ),
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert sweep.poll() is None, sweep.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.2)  # into its sleep
-        os.killpg(sweep.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-        stdout, stderr = sweep.communicate(timeout=60)
-    finally:
-        if sweep.poll() is None:
-            os.killpg(sweep.pid, signal.SIGKILL)
+    # What a terminal's Ctrl-C does: the signal to the whole process group.
+    stdout, stderr = stop_when_ready(sweep, ready, lambda: os.killpg(sweep.pid, signal.SIGINT))
     assert saved.read_text() == "step 7"
     assert (tmp_path / INTERRUPTED).exists()
     if sweep_ignores_ctrl_c:
@@ -466,18 +474,8 @@ def test_a_stop_sent_to_the_comparison_alone_reaches_its_trainings(tmp_path, sto
         stderr=subprocess.PIPE,
         preexec_fn=compare_cli.answer_interrupts,
     )
-    try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert comparison.poll() is None, comparison.stderr.read().decode()[-2000:]
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        time.sleep(0.2)  # into its sleep
-        os.kill(comparison.pid, stop)  # the comparison's process alone
-        stdout, stderr = comparison.communicate(timeout=60)
-    finally:
-        if comparison.poll() is None:
-            os.killpg(comparison.pid, signal.SIGKILL)
+    # The signal to the comparison's process alone.
+    stdout, stderr = stop_when_ready(comparison, ready, lambda: os.kill(comparison.pid, stop))
     assert saved.read_text() == "step 7", stderr.decode()[-2000:]
     assert comparison.returncode == 130 and b"stopped" in stdout, stderr.decode()[-2000:]
 

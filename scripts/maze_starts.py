@@ -31,14 +31,12 @@ def normalised_returns(maze: str, starts, draws: int) -> dict[str, float]:
     """Each policy's mean return over `starts` and `draws` noise draws, normalised."""
     low, high = pointmaze.reference_scores(maze)
 
-    def policies() -> dict:  # a controller follows one rollout's rows: new ones for each
-        return {
-            "random": pointmaze.uniform_random,
-            "controller": pointmaze.WaypointController(pointmaze.MAZES[maze], 0.0),
-            "behaviour": pointmaze.WaypointController(pointmaze.MAZES[maze], pointmaze.NOISE),
-        }
-
-    returns = [pointmaze.returns_from_starts(maze, policies(), starts, s) for s in range(draws)]
+    policies = {
+        "random": pointmaze.uniform_random,
+        "controller": pointmaze.WaypointController(pointmaze.MAZES[maze], 0.0),
+        "behaviour": pointmaze.WaypointController(pointmaze.MAZES[maze], pointmaze.NOISE),
+    }
+    returns = [pointmaze.returns_from_starts(maze, policies, starts, s) for s in range(draws)]
     return {
         name: normalized_score(float(np.mean([r[name] for r in returns])), low, high)
         for name in returns[0]

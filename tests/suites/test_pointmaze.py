@@ -121,6 +121,16 @@ def test_returns_from_starts_plays_the_episodes_that_tt_eval_plays():
     np.testing.assert_allclose(np.mean(result.returns), starts["controller"], atol=1.0)
 
 
+def test_a_controller_plays_the_same_episodes_alike_when_it_played_them_before():
+    # Its rows' state would carry the last episode's waypoint into a new one toward the same
+    # goal: the rollout has each row start afresh.
+    controller = pointmaze.WaypointController(pointmaze.MAZES["umaze"], 0.0)
+    policies = {"controller": controller}
+    first = pointmaze.returns_from_starts("umaze", policies, range(2))["controller"]
+    again = pointmaze.returns_from_starts("umaze", policies, range(2))["controller"]
+    np.testing.assert_allclose(again, first, atol=1e-9)
+
+
 def test_a_behaviour_episode_plays_alike_in_any_slot_and_the_seed_draws_its_noise():
     from trajectory_transformer.evaluation import evaluate
 

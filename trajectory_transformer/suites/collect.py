@@ -40,7 +40,9 @@ EVALUATION = 9
 """The kind offset of the reference-score episodes, in every suite."""
 
 Policy = Callable[[np.ndarray, np.random.Generator], np.ndarray]
-"""A batched behaviour policy: ``(observations (N, obs_dim), rng) -> actions (N, act_dim)``."""
+"""A batched behaviour policy: ``(observations (N, obs_dim), rng) -> actions (N, act_dim)``.
+One that keeps a state per row may have ``forget(row)``: :func:`rollout` calls it whenever row
+``row`` starts an episode."""
 Env = str | EnvSpec
 """A registered env id, or a spec (an env with other settings than its registered ones)."""
 
@@ -195,6 +197,7 @@ def rollout(
     stepped = 0
     try:
         obs, _ = env.reset(seed=first)
+        _forget(policy, range(n))
         for i, seed in enumerate(first):
             columns[seed] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
         while any(seed is not None for seed in playing):
@@ -222,6 +225,7 @@ def rollout(
                         options={"reset_mask": mask},
                     )
                     obs = np.where(mask[:, None], new_obs, obs)  # a new array: stored rows stay
+                    _forget(policy, np.flatnonzero(mask))
                     for i in np.flatnonzero(mask):
                         playing[i] = int(restart[i])
                         columns[playing[i]] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
@@ -243,6 +247,15 @@ def rollout(
         spec = env_id if isinstance(env_id, EnvSpec) else gym.spec(env_id)
         _require_time_limit(result, env_name(env_id), max_episode_steps or spec.max_episode_steps)
     return result
+
+
+def _forget(policy: Policy, rows) -> None:
+    """A policy with a state per row starts `rows` afresh: their episodes are new, even where
+    a row's new episode looks like its last one (the same goal, say)."""
+    forget = getattr(policy, "forget", None)
+    if forget is not None:
+        for row in rows:
+            forget(int(row))
 
 
 def _require_time_limit(result: Rollout, env_id: str, steps: int) -> None:

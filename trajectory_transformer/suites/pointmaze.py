@@ -228,9 +228,9 @@ class WaypointController:
     """D4RL maze2d's waypoint controller, batched, settling at each waypoint (see the module
     docstring): a :data:`collect.Policy` over flat observations (``OBSERVATION_SPACE`` order).
 
-    Each row keeps the waypoint it is heading for; a row whose goal changes (a new episode, or
-    a goal reached and redrawn) starts again from the next cell on its shortest path. One
-    instance per rollout: its state follows the rows of one vector env.
+    Each row keeps the waypoint it is heading for; a row whose goal changes (a goal reached and
+    redrawn) or that starts an episode (``forget``, which ``collect.rollout`` calls) starts
+    again from the next cell on its shortest path.
     """
 
     def __init__(self, maze: Maze, noise: float) -> None:

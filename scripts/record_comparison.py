@@ -1,16 +1,18 @@
 """Write a tt-compare run's tables as results records: its agents (scores and what a seed
-cost) and its decisions, read from the `agents.csv` and `decisions.csv` that tt-compare writes
-in its run directory at the end of every run (finished, or stopped by `stop_after`).
+cost), their scores per training seed, and its decisions, read from the `agents.csv`,
+`compare.json` and `decisions.csv` that tt-compare writes in its run directory at the end of
+every run (finished, or stopped by `stop_after`).
 
     python scripts/record_comparison.py <tt-compare run dir> \\
         --record docs/results/records/comparisons/goals-pointmaze-umaze \\
         --machine "2 cores of an AMD EPYC (x86_64), beside ..."
 
-writes `<record>-agents.json` and `<record>-decisions.json`, with the tt-compare command (from
-the run's `.hydra/overrides.yaml`, less its run directory), the machine as given (what ran
-beside it belongs there), and the dates its evaluations finished. A page shows them with
-`<!-- results: comparisons/goals-pointmaze-umaze-agents -->` (scripts/render_results.py), and
-another table can name their cells, so that a score is written once.
+writes `<record>-agents.json`, `<record>-seeds.json` and `<record>-decisions.json`, with the
+tt-compare command (from the run's `.hydra/overrides.yaml`, less its run directory), the
+machine as given (what ran beside it belongs there), and the dates its evaluations finished. A
+page shows them with `<!-- results: comparisons/goals-pointmaze-umaze-agents -->`
+(scripts/render_results.py), and another table can name their cells, so that a score is
+written once.
 """
 
 from __future__ import annotations
@@ -96,6 +98,22 @@ def decision_rows(rows: list[dict[str, str]]) -> list[list[str]]:
     return table
 
 
+def seed_columns_and_rows(scores: list[dict[str, dict[str, float]]]) -> tuple[list, list]:
+    """Each agent's score per training seed over the interims (`compare.json`'s `scores`); `-`
+    for a seed an agent did not play (its comparisons decided before that interim)."""
+    by_agent: dict[str, dict[int, float]] = {}
+    for interim in scores:
+        for agent, by_seed in interim.items():
+            by_agent.setdefault(agent, {}).update({int(s): v for s, v in by_seed.items()})
+    seeds = sorted({seed for by_seed in by_agent.values() for seed in by_seed})
+    columns = ["agent", *(f"seed {seed}" for seed in seeds)]
+    rows = [
+        [agent, *(f"{by_seed[seed]:.1f}" if seed in by_seed else "-" for seed in seeds)]
+        for agent, by_seed in by_agent.items()
+    ]
+    return columns, rows
+
+
 def command_of(run_dir: Path) -> str:
     """The tt-compare command that made `run_dir`, as its Hydra overrides record it."""
     hydra = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
@@ -126,9 +144,13 @@ def write_records(run_dir: Path, record: Path, machine: str, commit: str | None)
     unit = "normalised score" if state.get("normalized") else "return"
     tables = {
         "agents": (
-            f"{dataset}: each agent's {unit} per training seed",
+            f"{dataset}: each agent's {unit} over its training seeds",
             AGENT_COLUMNS,
             agent_rows(read_rows(run_dir / "agents.csv")),
+        ),
+        "seeds": (
+            f"{dataset}: each agent's {unit} per training seed",
+            *seed_columns_and_rows(state["scores"]),
         ),
         "decisions": (
             f"{dataset}: AdaStop's decisions",
@@ -160,7 +182,7 @@ def main() -> None:
         "--record",
         type=Path,
         required=True,
-        help="docs/results/records/<name>: writes <name>-agents.json and <name>-decisions.json",
+        help="docs/results/records/<name>: writes <name>-agents.json, -seeds.json, -decisions.json",
     )
     parser.add_argument(
         "--machine", required=True, help="where it ran, and what ran beside it (as pages say)"

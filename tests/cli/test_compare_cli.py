@@ -91,18 +91,25 @@ def test_a_comparison_runs_its_jobs_through_the_launcher(tmp_path, launcher):
 
 
 def check_records_of(run_dir):
-    """scripts/record_comparison.py on a finished run: its two tables, as tt-compare wrote them,
-    with the command less the run directory."""
+    """scripts/record_comparison.py on a finished run: its three tables, as tt-compare wrote
+    them, with the command less the run directory."""
     import record_comparison
     import render_results
 
     records = run_dir / "records"
     written = record_comparison.write_records(run_dir, records / "tiny", "cpu, alone", "abc1234")
-    assert [path.name for path in written] == ["tiny-agents.json", "tiny-decisions.json"]
+    assert [path.name for path in written] == [
+        "tiny-agents.json",
+        "tiny-seeds.json",
+        "tiny-decisions.json",
+    ]
     agents = render_results.load("tiny-agents", records)
     with open(run_dir / "agents.csv") as file:
         means = {row["name"]: f"{float(row['mean']):.1f}" for row in csv.DictReader(file)}
     assert {row[0]: row[2] for row in agents["rows"]} == means
+    seeds = render_results.load("tiny-seeds", records)
+    assert seeds["columns"] == ["agent", "seed 0"]  # one seed an agent, its score its mean
+    assert {row[0]: row[1] for row in seeds["rows"]} == means
     assert [row[1] for row in agents["rows"]] == ["1", "1"]
     command = agents["provenance"]["commands"][0]
     assert command.startswith("tt-compare compare.n=1 ") and "hydra.run.dir" not in command
@@ -113,6 +120,19 @@ def check_records_of(run_dir):
     page = "<!-- results: tiny-decisions -->\n<!-- /results -->\n"
     rendered, _ = render_results.render_page(page, records)
     assert "| planner vs bc |" in rendered
+
+
+def test_the_seeds_record_marks_the_seeds_an_agent_did_not_play():
+    """An agent whose comparisons were decided after interim 1 plays no seed of interim 2."""
+    import record_comparison
+
+    scores = [
+        {"planner": {"0": 90.04, "1": 91.0}, "bc": {"0": 40.0, "1": 41.26}},
+        {"planner": {"2": 92.0, "3": 93.0}},
+    ]
+    columns, rows = record_comparison.seed_columns_and_rows(scores)
+    assert columns == ["agent", "seed 0", "seed 1", "seed 2", "seed 3"]
+    assert rows == [["planner", "90.0", "91.0", "92.0", "93.0"], ["bc", "40.0", "41.3", "-", "-"]]
 
 
 def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_path):

@@ -348,8 +348,8 @@ def test_a_failed_job_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
 # The job's command: Ctrl-C is Python's KeyboardInterrupt, unless the signal is ignored; it
 # takes a moment to write its checkpoint (as tt-train does), then exits with 130.
 CHECKPOINTING_CHILD = """
-import pathlib, sys, time
-pathlib.Path({ready!r}).touch()
+import os, pathlib, sys, time
+pathlib.Path({ready!r}).write_text(str(os.getpid()))
 try:
     time.sleep(60)
 except KeyboardInterrupt:
@@ -477,27 +477,67 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_sent_to_the_comparison_alone_reaches_its_trainings(tmp_path, stop):
-    """A scheduler's SIGTERM, or `kill -INT`, reaches tt-compare's process alone, not its
-    sweep's: it passes the stop on as Ctrl-C, waits for the training's checkpoint, and ends the
-    comparison; the sweep is not left running."""
-    saved, ready = tmp_path / "saved", tmp_path / "ready"
-    child = CHECKPOINTING_CHILD.format(saved=str(saved), ready=str(ready))
+def start_comparison(tmp_path: Path) -> subprocess.Popen:
+    """The comparison above, its job's pid written to `ready` once it sleeps, its checkpoint to
+    `saved`."""
+    child = CHECKPOINTING_CHILD.format(saved=str(tmp_path / "saved"), ready=str(tmp_path / "ready"))
     script = LAUNCHING_COMPARISON.format(
         child=child, run_dir=str(tmp_path / "evaluation0"), root=str(tmp_path)
     )
-    comparison = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-c", script],
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=compare_cli.answer_interrupts,
     )
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_sent_to_the_comparison_alone_reaches_its_trainings(tmp_path, stop):
+    """A scheduler's SIGTERM, or `kill -INT`, reaches tt-compare's process alone, not its
+    sweep's: it passes the stop on as Ctrl-C, waits for the training's checkpoint, and ends the
+    comparison; the sweep is not left running."""
+    comparison = start_comparison(tmp_path)
     # The signal to the comparison's process alone.
-    stdout, stderr = stop_when_ready(comparison, ready, lambda: os.kill(comparison.pid, stop))
-    assert saved.read_text() == "step 7", stderr.decode()[-2000:]
+    stdout, stderr = stop_when_ready(
+        comparison, tmp_path / "ready", lambda: os.kill(comparison.pid, stop)
+    )
+    assert (tmp_path / "saved").read_text() == "step 7", stderr.decode()[-2000:]
     assert comparison.returncode == 130 and b"stopped" in stdout, stderr.decode()[-2000:]
+
+
+def process_state(pid: int) -> str:
+    """A process's state letter (`T`: stopped), from Linux's /proc."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
+def test_ctrl_z_pauses_the_jobs_with_the_comparison_and_fg_resumes_them(tmp_path):
+    """A terminal's Ctrl-Z (SIGTSTP) reaches tt-compare's process group, not its sweep's: the
+    jobs pause with it, and go on when it does (fg and bg send SIGCONT)."""
+    comparison = start_comparison(tmp_path)
+    ready = tmp_path / "ready"
+
+    def becomes(pid: int, stopped: bool) -> None:
+        deadline = time.monotonic() + 30
+        while (process_state(pid) == "T") != stopped:
+            assert time.monotonic() < deadline, f"{pid} is {process_state(pid)}"
+            time.sleep(0.05)
+
+    def pause_then_resume() -> None:
+        job = int(ready.read_text())
+        os.kill(comparison.pid, signal.SIGTSTP)
+        becomes(comparison.pid, stopped=True)
+        becomes(job, stopped=True)
+        os.kill(comparison.pid, signal.SIGCONT)
+        becomes(comparison.pid, stopped=False)
+        becomes(job, stopped=False)
+        os.kill(comparison.pid, signal.SIGTERM)
+
+    stdout, stderr = stop_when_ready(comparison, ready, pause_then_resume)
+    assert (tmp_path / "saved").read_text() == "step 7", stderr.decode()[-2000:]
+    assert comparison.returncode == 130 and b"stopped" in stdout
 
 
 def test_a_shared_training_made_under_other_defaults_is_refused(tmp_path):

@@ -288,20 +288,34 @@ def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
     asked to stop meanwhile. Ctrl-C and SIGTERM to this process alone (a terminal's Ctrl-C, a
     scheduler's or `kill`'s SIGTERM) are passed on to the sweep's whole group as Ctrl-C, which
     its trainings answer by writing their checkpoints: the sweep is waited for, never left
-    running as orphans. A second stop is passed on too, and stops them at once."""
+    running as orphans. A second stop is passed on too, and stops them at once. A terminal's
+    Ctrl-Z pauses the sweep with this process, and `fg` or `bg` resumes both."""
     stops = []
+
+    def to_sweep(signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):  # the sweep has just ended
+            os.killpg(sweep.pid, signum)
 
     def pass_on(signum, frame) -> None:
         stops.append(signum)
-        with contextlib.suppress(ProcessLookupError):  # the sweep has just ended
-            os.killpg(sweep.pid, signal.SIGINT)
+        to_sweep(signal.SIGINT)
 
-    previous = {stop: signal.signal(stop, pass_on) for stop in (signal.SIGINT, signal.SIGTERM)}
+    def pause(signum, frame) -> None:
+        to_sweep(signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    handlers = {
+        signal.SIGINT: pass_on,
+        signal.SIGTERM: pass_on,
+        signal.SIGTSTP: pause,
+        signal.SIGCONT: lambda signum, frame: to_sweep(signal.SIGCONT),
+    }
+    previous = {number: signal.signal(number, handler) for number, handler in handlers.items()}
     try:
         sweep.wait()
     finally:
-        for stop, handler in previous.items():
-            signal.signal(stop, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     return bool(stops)
 
 

@@ -30,7 +30,6 @@ MAZES = ("umaze", "medium", "large")
 def normalised_returns(maze: str, starts, draws: int) -> dict[str, float]:
     """Each policy's mean return over `starts` and `draws` noise draws, normalised."""
     low, high = pointmaze.reference_scores(maze)
-
     policies = {
         "random": pointmaze.uniform_random,
         "controller": pointmaze.WaypointController(pointmaze.MAZES[maze], 0.0),

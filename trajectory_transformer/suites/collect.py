@@ -225,8 +225,9 @@ def rollout(
                         options={"reset_mask": mask},
                     )
                     obs = np.where(mask[:, None], new_obs, obs)  # a new array: stored rows stay
-                    _forget(policy, np.flatnonzero(mask))
-                    for i in np.flatnonzero(mask):
+                    started = np.flatnonzero(mask)
+                    _forget(policy, started)
+                    for i in started:
                         playing[i] = int(restart[i])
                         columns[playing[i]] = {"o": [obs[i]], "a": [], "r": [], "d": [], "t": []}
     finally:

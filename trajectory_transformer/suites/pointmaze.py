@@ -376,11 +376,6 @@ _KIND_OFFSET = {"noisy": 1}
 _EVALUATION_STREAM = {"random": 0, "controller": 1, "behaviour": 2}  # each policy's noise
 
 
-def _evaluate(maze_name: str, policies: dict[str, collect.Policy], seed: int, episodes: int):
-    """Mean return of each policy over the evaluation env's seeded reference episodes."""
-    return returns_from_starts(maze_name, policies, collect.evaluation_seeds(seed, episodes), seed)
-
-
 def returns_from_starts(
     maze_name: str, policies: dict[str, collect.Policy], starts: Sequence[int], seed: int = 0
 ) -> dict[str, float]:
@@ -415,8 +410,9 @@ def reference_scores(
     starts for both). Cached per process."""
     maze = MAZES[maze_name]
     policies = {"random": uniform_random, "controller": WaypointController(maze, 0.0)}
-    returns = _evaluate(maze_name, policies, seed, episodes)
-    return float(returns["random"]), float(returns["controller"])
+    starts = collect.evaluation_seeds(seed, episodes)
+    returns = returns_from_starts(maze_name, policies, starts, seed)
+    return returns["random"], returns["controller"]
 
 
 @functools.cache
@@ -424,7 +420,8 @@ def behaviour_score(maze_name: str, seed: int = 0, episodes: int = REFERENCE_EPI
     """Mean return of the behaviour policy (the controller with its noise) in the evaluation
     env, over the reference scores' episodes."""
     policy = {"behaviour": WaypointController(MAZES[maze_name], NOISE)}
-    return float(_evaluate(maze_name, policy, seed, episodes)["behaviour"])
+    starts = collect.evaluation_seeds(seed, episodes)
+    return returns_from_starts(maze_name, policy, starts, seed)["behaviour"]
 
 
 class BehaviourAgent:

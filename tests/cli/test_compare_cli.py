@@ -291,6 +291,40 @@ def test_comparisons_given_one_trainings_dir_train_what_they_share_once(tmp_path
     assert settings["checkpoint"] == str(model) and settings["planner"]["beam_width"] == 1
 
 
+def test_trained_ahead_the_comparison_only_evaluates(tmp_path):
+    """train_ahead trains every seed of every interim, models and critics, and evaluates
+    nothing; the comparison run after it on those folders trains nothing."""
+    create_dataset("test/tiny-v0")
+    command = [
+        "trajectory_transformer.cli.compare",
+        "compare=critic-pointmaze-medium",  # bc, planner, planner_critic and iql
+        "compare.dataset=pendulum-medium",  # the tiny dataset, its id in the train list
+        *[s for s in TINY_COMPARISON if s.startswith(("compare.train", "compare.eval"))],
+        "compare.n=1",
+        "compare.K=2",
+        "compare.B=100",
+        "compare.episodes=1",
+        "compare.critic=" + hydra_list(TINY_CRITIC),
+        f"hydra.run.dir={tmp_path}",
+    ]
+    ahead = run_module(*command, "train_ahead=true", timeout=300)
+    assert ahead.returncode == 0, ahead.stdout[-3000:] + ahead.stderr[-3000:]
+    assert "2 models and 2 critics, seeds 0-1 (2 interims)" in ahead.stdout
+    assert "ahead-train: 2 train, 2 critic jobs" in ahead.stdout
+    trained = sorted(tmp_path.glob("trainings/*/seed*/model.pt"))
+    critics = sorted(tmp_path.glob("critics/*/seed*/critic.pt"))
+    assert (
+        [p.parent.name for p in trained] == [p.parent.name for p in critics] == ["seed0", "seed1"]
+    )
+    assert not (tmp_path / "evaluations").exists() and not (tmp_path / "compare.json").exists()
+    stamps = {path: path.stat().st_mtime_ns for path in trained + critics}
+    again = run_module(*command, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "-train:" not in again.stdout  # every training was done ahead
+    assert "interim0-eval: 4 eval jobs" in again.stdout
+    assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+
+
 def test_a_job_waits_for_the_lock_on_its_run_dir_then_skips_what_was_finished(tmp_path):
     """Two comparisons that share a training: the second job waits while the first holds the
     run directory, then finds the result and runs nothing."""

@@ -420,9 +420,41 @@ def run_interim(
     return scores, normalized, reference
 
 
-def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState:
+def train_ahead(
+    spec: ComparisonSpec,
+    interims: range,
+    root: Path,
+    critic_data: list[str],
+    trainings_root: Path,
+    launcher: list[str],
+) -> None:
+    """The models and critics of every agent's seeds in `interims`, as one multirun, so that
+    a machine made for training runs them all side by side; nothing evaluated."""
+    trainings: list[Job] = []
+    for index in interims:
+        trainings += plan_interim(
+            spec, index, spec.names, root, critic_data, trainings_root
+        ).trainings
+    critics = sum(job.kind == "critic" for job in trainings)
+    seeds = f"{spec.seeds(interims[0]).start}-{spec.seeds(interims[-1]).stop - 1}"
+    print(
+        f"training ahead for {spec.dataset}: {len(trainings) - critics} models and {critics} "
+        f"critics, seeds {seeds} ({len(interims)} interims), in {trainings_root}; nothing "
+        "is evaluated",
+        flush=True,
+    )
+    check_trained_settings(trainings)
+    ran = launch(trainings, root, "ahead-train", launcher)
+    print(
+        f"trained ahead: {ran} trainings run, {len(trainings) - ran} found finished. The same "
+        "command without train_ahead, given these folders, evaluates and decides.",
+        flush=True,
+    )
+
+
+def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState | None:
     """Run (or continue) the comparison `cfg.compare` in `root`, its jobs launched with the
-    `launcher` overrides."""
+    `launcher` overrides; None when it only trains ahead (`train_ahead`)."""
     spec = spec_of(cfg.compare)
     try:
         spec.validate()
@@ -432,10 +464,14 @@ def compare(cfg: DictConfig, root: Path, launcher: list[str]) -> ComparisonState
         raise ConfigError(f"stop_after must be at least 1 interim, got {cfg.stop_after}")
     dataset = comparison_dataset(spec)
     check_agents(spec, dataset)
-    state = ComparisonState.load_or_start(root, spec)
-    decider = Decider(spec, state)
     trainings_root = root if cfg.trainings_dir is None else Path(cfg.trainings_dir).resolve()
     critic_data = critic_dataset(dataset)  # tt-train-critic overrides naming the dataset
+    if cfg.train_ahead:
+        interims = range(min(spec.K, cfg.stop_after or spec.K))
+        train_ahead(spec, interims, root, critic_data, trainings_root, launcher)
+        return None
+    state = ComparisonState.load_or_start(root, spec)
+    decider = Decider(spec, state)
     print(
         f"comparing {', '.join(spec.names)} on {spec.dataset}: n={spec.n} seeds per interim, "
         f"at most K={spec.K} interims, alpha={spec.alpha}; state in {root / 'compare.json'}"

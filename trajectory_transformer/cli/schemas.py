@@ -345,5 +345,12 @@ class CompareConfig:
     tables and figures of the decisions so far (undecided ones read `continue`); a run with
     nothing left to play before it only writes them. None: play until AdaStop has decided
     or `compare.K` interims are scored. The same command without it continues."""
+    train_ahead: bool = False
+    """Train every model and critic the comparison can use, every agent's seeds of all its
+    interims (the first `stop_after` with it), then stop: nothing is evaluated or decided. On
+    a machine made for training (a GPU, many cores), ahead of the comparison on another: copy
+    `trainings/` and `critics/` (or `trainings_dir`) there, and the same command without
+    `train_ahead` finds them finished. The seeds of interims AdaStop never plays are trained
+    for nothing."""
     job: CompareJobConfig = field(default_factory=CompareJobConfig)
     """Internal: set by tt-compare on the jobs it launches, never by hand."""

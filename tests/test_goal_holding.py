@@ -1,0 +1,44 @@
+"""scripts/goal_holding.py: what holding the goal would score, and the model's step near it."""
+
+from __future__ import annotations
+
+import goal_holding  # scripts/, on pytest's path
+import numpy as np
+import pytest
+
+
+def test_an_episode_that_stayed_from_its_first_arrival_counts_every_step_after_it():
+    # 10 steps each: reached at step 4 and held 3 of the 6 steps after (return 3); never
+    # reached (return 0); reached at step 0 and held throughout (return 10).
+    stayed = goal_holding.returns_had_it_stayed(
+        returns=[3.0, 0.0, 10.0], lengths=[10, 10, 10], first=[4, None, 0], held=[3, 0, 10]
+    )
+    np.testing.assert_array_equal(stayed, [6.0, 0.0, 10.0])
+
+
+def test_steps_and_errors_are_split_by_the_distance_from_the_goal():
+    errors = goal_holding.OneStepErrors(slice(0, 2), slice(2, 4), radius=1.0)
+    errors.rows = [(True, 0.01, 0.2), (True, 0.03, 0.4), (False, 0.05, 0.1)]
+    assert errors.means(True) == pytest.approx((0.02, 0.3))
+    assert errors.means(False) == pytest.approx((0.05, 0.1))
+    errors.rows = errors.rows[2:]
+    assert errors.means(True) is None
+
+
+def test_the_row_of_an_untrained_maze_model(maze_checkpoint, capsys):
+    search = f"checkpoint={maze_checkpoint} planner=maze planner.horizon=2 planner.beam_width=2"
+    (row,) = goal_holding.main(["--search", search, "--episodes", "2", "--envs", "2"])
+    assert len(row) == len(goal_holding.COLUMNS)
+    assert row[0] == "pointmaze/umaze-v0, 12 bins"
+    assert row[1] == "`planner=maze`, `planner.horizon=2`, `planner.beam_width=2`"
+    assert 0 < float(row[2]) < 1  # the position bins of a maze some units wide
+    assert row[4].endswith("of 2")
+    float(row[6])  # the score had it stayed, always a number
+    # Steps away from the goal happen in every episode; their error is a distance.
+    assert float(row[9]) >= 0 and float(row[10]) >= 0
+    assert "|" in capsys.readouterr().out
+
+
+def test_a_search_names_one_checkpoint():
+    with pytest.raises(SystemExit, match="one checkpoint"):
+        goal_holding.main(["--search", "planner=maze"])

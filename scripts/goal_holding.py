@@ -141,6 +141,8 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
     checkpoint = given[0].partition("=")[2]
     overrides = [item for item in search if item not in given]
     settings = planner_settings(checkpoint, overrides)
+    if settings["horizon"] < 2:
+        raise SystemExit("the error of a plan's next position needs planner.horizon of 2 or more")
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
     info = planner.dataset
     try:

@@ -42,3 +42,9 @@ def test_the_row_of_an_untrained_maze_model(maze_checkpoint, capsys):
 def test_a_search_names_one_checkpoint():
     with pytest.raises(SystemExit, match="one checkpoint"):
         goal_holding.main(["--search", "planner=maze"])
+
+
+def test_a_search_of_one_transition_is_refused(maze_checkpoint):
+    search = f"checkpoint={maze_checkpoint} planner=maze planner.horizon=1"
+    with pytest.raises(SystemExit, match="horizon of 2 or more"):
+        goal_holding.main(["--search", search])

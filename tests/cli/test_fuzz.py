@@ -193,6 +193,7 @@ def test_tt_train_starts_or_says_no_in_one_line(drawn, tiny_dataset, tmp_path, m
 @given(drawn=overrides(EVAL_KEYS))
 @example(drawn=["planner.temperature=nan"])  # once accepted: every beam score was NaN
 @example(drawn=["planner.temperature=inf"])
+@example(drawn=["planner.temperature=1.879420324556047e-170"])  # zero in float32: NaN scores
 def test_tt_eval_starts_or_says_no_in_one_line(drawn, checkpoint, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(evaluate_cli, "evaluate", act_once)
     argv = [f"checkpoint={checkpoint}", "device=cpu", *FITTING_PLANNER, *drawn]

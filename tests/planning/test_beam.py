@@ -14,6 +14,7 @@ from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import TrajectoryGPT
 from trajectory_transformer.planning import BeamPlanner, Plan, PlannerConfig, naive_plan
+from trajectory_transformer.planning.config import MIN_TEMPERATURE
 
 OBS, ACT, N = 3, 2, 11
 T = OBS + ACT + 2
@@ -455,6 +456,19 @@ def test_greedy_planner_equals_naive_under_the_originals_value_mask() -> None:
     obs = run_steps(planner, 3)
     plan = planner.plan(obs)
     assert_same_plan(plan, naive_plan(model, disc, planner.context_tokens(obs), planner.config))
+
+
+@pytest.mark.parametrize("cold", [0.0, 1.9e-170, 1e-7])
+def test_a_temperature_colder_than_float32_divides_is_refused(cold) -> None:
+    with pytest.raises(ValueError, match=r"planner\.temperature must be at least 1e-06"):
+        PlannerConfig(temperature=cold)
+
+
+def test_the_coldest_temperature_plans_finite_scores() -> None:
+    planner = BeamPlanner(tiny_model(), tiny_discretizer(), temperature=MIN_TEMPERATURE, **SMALL)
+    planner.reset(2)
+    plan = planner.plan(run_steps(planner, 2))
+    assert torch.isfinite(plan.scores).all()
 
 
 @pytest.mark.parametrize("name", ["temperature", "discount", "cdf_act", "value_percentile"])

@@ -13,6 +13,12 @@ TOKEN_KINDS = ("obs", "act", "reward", "value")
 """The kinds of token a planned transition samples, in `PlannerConfig.token_sampling`."""
 
 
+MIN_TEMPERATURE = 1e-6
+"""The coldest search. Float32 logits divided by a temperature that rounds to zero (below about
+1e-45), or so small that the quotient overflows, become infinities, and their softmax NaN; at
+1e-6 any logit below 1e32 stays finite."""
+
+
 @dataclass(frozen=True)
 class PlannerConfig:
     """Beam-search settings; the defaults are the original Trajectory Transformer's."""
@@ -132,8 +138,12 @@ class PlannerConfig:
                 raise ValueError(f"planner.{name} must be in (0, 1] or None, got {value}")
         if self.seed < 0:
             raise ValueError(f"planner.seed must be non-negative, got {self.seed}")
-        if self.temperature <= 0.0:
-            raise ValueError(f"planner.temperature must be positive, got {self.temperature}")
+        if self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"planner.temperature must be at least {MIN_TEMPERATURE:g} (float32 logits "
+                f"divided by less can overflow to inf, and every score becomes NaN), got "
+                f"{self.temperature}"
+            )
         if self.discount is not None and not 0.0 <= self.discount <= 1.0:
             raise ValueError(f"planner.discount must be in [0, 1], got {self.discount}")
         if self.value_percentile is not None and not 0.0 < self.value_percentile < 1.0:

@@ -29,19 +29,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trajectory_transformer.cli.common import planner_settings
 from trajectory_transformer.evaluation import make_env, record_episode
 from trajectory_transformer.planning import BeamPlanner
 
 
-def planner_settings(checkpoint: str, critic: str, overrides: list[str]) -> dict:
+def critic_planner_settings(checkpoint: str, critic: str, overrides: list[str]) -> dict:
     """The planner settings tt-eval would use with these overrides, scoring with the critic."""
-    from omegaconf import OmegaConf
-
-    from trajectory_transformer.cli.common import compose
-
     forced = ["planner.value=critic", f"planner.critic={critic}"]
-    cfg = compose("eval", [f"checkpoint={checkpoint}", *overrides, *forced])
-    return OmegaConf.to_container(cfg.planner, resolve=True)
+    return planner_settings([f"checkpoint={checkpoint}", *overrides, *forced])
 
 
 def episode_env(planner: BeamPlanner, max_episode_steps: int | None = None):
@@ -175,7 +171,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="tt-eval planner overrides (planner=paper)")
     args = parser.parse_args()
-    settings = planner_settings(args.checkpoint, args.critic, args.overrides)
+    settings = critic_planner_settings(args.checkpoint, args.critic, args.overrides)
     planner = BeamPlanner.from_checkpoint(args.checkpoint, device=args.device, **settings)
     args.out.mkdir(parents=True, exist_ok=True)
     thunk, longest = episode_env(planner, args.max_episode_steps)

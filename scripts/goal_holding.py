@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from render_results import RECORDS, write_measured
 
+from trajectory_transformer.cli.common import planner_settings
 from trajectory_transformer.data.goals import GoalLayout
 from trajectory_transformer.evaluation.agent import PlanningAgent
 from trajectory_transformer.evaluation.envs import make_vector_env
@@ -109,16 +110,6 @@ def returns_had_it_stayed(
     )
 
 
-def planner_settings(checkpoint: str, overrides: list[str]) -> dict:
-    """The planner settings tt-eval would plan with under these overrides."""
-    from omegaconf import OmegaConf
-
-    from trajectory_transformer.cli.common import compose
-
-    cfg = compose("eval", [f"checkpoint={checkpoint}", *overrides])
-    return OmegaConf.to_container(cfg.planner, resolve=True)
-
-
 def model_name(planner: BeamPlanner) -> str:
     """The model as the table names it: its dataset, bins and training seed."""
     bins = planner.discretizer.edges.shape[1] - 1
@@ -140,7 +131,7 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
         raise SystemExit(f"each --search names one checkpoint=<...>; got {search}")
     checkpoint = given[0].partition("=")[2]
     overrides = [item for item in search if item not in given]
-    settings = planner_settings(checkpoint, overrides)
+    settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
     if settings["horizon"] < 2:
         raise SystemExit("the error of a plan's next position needs planner.horizon of 2 or more")
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)

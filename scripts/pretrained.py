@@ -74,7 +74,7 @@ from trajectory_transformer.checkpoint import (
     save_atomic,
     value_targets_of,
 )
-from trajectory_transformer.cli.common import compose
+from trajectory_transformer.cli import common as cli_common
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
@@ -123,7 +123,7 @@ def planner_settings(name: str, recorded: dict) -> dict:
     """The planner's settings that the manifest's evaluation command of checkpoint `name`
     composes to, where they differ from `PlannerConfig`'s defaults."""
     overrides = evaluation_overrides(name, recorded)
-    composed = PlannerConfig(**OmegaConf.to_container(compose("eval", overrides).planner))
+    composed = PlannerConfig(**cli_common.planner_settings(overrides))
     defaults = PlannerConfig()
     return {
         field.name: getattr(composed, field.name)

@@ -168,10 +168,16 @@ def compose(config_name: str, overrides: Sequence[str] = ()) -> DictConfig:
         return hydra.compose(config_name, overrides=list(overrides))
 
 
+def planner_settings(overrides: Sequence[str]) -> dict:
+    """The planner settings tt-eval composes from these overrides (`planner=<preset>`,
+    `planner.<key>=<value>`, ...), for `BeamPlanner.from_checkpoint(run, **settings)`."""
+    return to_container(compose("eval", overrides).planner)
+
+
 def planner_preset(name: str) -> dict:
     """The planner settings of `tt-eval planner=<name>` (a configs/planner preset), for
     Python: `BeamPlanner.from_checkpoint(run, **planner_preset("maze"))`."""
-    return to_container(compose("eval", [f"planner={name}"]).planner)
+    return planner_settings([f"planner={name}"])
 
 
 def first_line(error: BaseException) -> str:

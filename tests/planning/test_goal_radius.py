@@ -1,6 +1,7 @@
-"""`planner.goal_radius`: an env at its goal tries actions drawn uniformly over the bins and
-keeps the plan whose positions keep closest to it; an env away from it plans exactly as without
-the rule."""
+"""`planner.goal_radius`: an env at its goal tries actions drawn uniformly over the bins (with
+`goal_hold_actions=mixed`, on the expansion copies after the first) and keeps the plan whose
+positions keep closest to it (with `goal_velocity`, and whose speed is least); an env away from
+it plans exactly as without the rule."""
 
 from __future__ import annotations
 
@@ -70,6 +71,78 @@ def test_at_its_goal_the_actions_tried_do_not_come_from_the_models_policy(maze_c
     # 32 beams x 2 transitions x 2 actions: draws from both halves of the range, most bins.
     assert (actions < n_bins // 2).any() and (actions >= n_bins // 2).any()
     assert len(actions.unique()) >= 3 * n_bins // 4
+
+
+def goal_and_start(episode: int = 0) -> torch.Tensor:
+    """Two umaze observations: one with the point on its goal, and an episode's start."""
+    episodes, _ = load_episodes("pointmaze/umaze-v0")
+    at_goal = torch.as_tensor(episodes.observations[episode]).clone()
+    at_goal[0:2] = at_goal[2:4]
+    at_goal[4:6] = at_goal[2:4]  # the observation's own position too
+    return torch.stack([at_goal, torch.as_tensor(episodes.observations[episode])])
+
+
+def test_with_goal_velocity_an_env_at_its_goal_also_pays_for_its_planned_speed(maze_checkpoint):
+    observations = goal_and_start()
+    _, without = plan_both(maze_checkpoint, observations)
+    brake = {"goal_radius": 0.45, "goal_velocity": "observation[2:4]", "goal_velocity_weight": 3}
+    planner, held = plan_both(maze_checkpoint, observations, **brake)
+    assert planner.goal_velocity == slice(6, 8)  # after the goals (2 + 2) and the position (2)
+    torch.testing.assert_close(held.tokens[1], without.tokens[1], rtol=0, atol=0)
+    torch.testing.assert_close(held.scores[1], without.scores[1])
+    decode, goals = planner.discretizer.decode, planner.goals
+    tokens = held.tokens[0]  # (B, H, T)
+    goal = decode(tokens[:, 0][:, goals.desired], goals.desired)  # (B, 2)
+    distance = (decode(tokens[..., 0:2], goals.achieved) - goal[:, None]).norm(dim=-1).mean(-1)
+    speed = decode(tokens[..., 6:8], slice(6, 8)).norm(dim=-1).mean(-1)
+    torch.testing.assert_close(held.scores[0], -(distance + 3 * speed))
+    assert int(held.best[0]) == int(held.scores[0].argmax())
+    # Weighed at 0, the plain rule.
+    _, plain = plan_both(maze_checkpoint, observations, goal_radius=0.45)
+    _, unweighed = plan_both(maze_checkpoint, observations, **{**brake, "goal_velocity_weight": 0})
+    torch.testing.assert_close(unweighed.scores, plain.scores)
+
+
+def test_mixed_hold_actions_take_the_models_own_on_the_first_copy_of_each_beam(maze_checkpoint):
+    """With `goal_hold_actions=mixed` a narrower filter of the model's actions reaches the
+    search at the goal (its first copies act as the model does), which it never does with
+    `uniform`; the other copies still draw over the whole range."""
+    observations = goal_and_start()
+    wide = {"goal_radius": 0.45, "beam_width": 32, "horizon": 2, "goal_hold_actions": "mixed"}
+    _, broad = plan_both(maze_checkpoint, observations, **wide, cdf_act=None)
+    _, narrow = plan_both(maze_checkpoint, observations, **wide, k_act=2)
+    assert not torch.equal(narrow.tokens[0], broad.tokens[0])
+    uniform = {**wide, "goal_hold_actions": "uniform"}
+    _, uniform_broad = plan_both(maze_checkpoint, observations, **uniform, cdf_act=None)
+    _, uniform_narrow = plan_both(maze_checkpoint, observations, **uniform, k_act=2)
+    torch.testing.assert_close(uniform_narrow.tokens[0], uniform_broad.tokens[0], rtol=0, atol=0)
+    # Away from the goal, mixed or uniform, the same search.
+    torch.testing.assert_close(narrow.tokens[1], uniform_narrow.tokens[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"goal_radius": 0.45, "goal_velocity": "observation"}, r"<key>\[start:stop\]"),
+        ({"goal_radius": 0.45, "goal_velocity": "observation[3:2]"}, r"<key>\[start:stop\]"),
+        ({"goal_velocity": "observation[2:4]"}, r"set planner\.goal_radius too"),
+        ({"goal_radius": 0.45, "goal_velocity_weight": -1.0}, "must be >= 0"),
+        ({"goal_radius": 0.45, "goal_hold_actions": "model"}, "uniform or mixed"),
+    ],
+)
+def test_bad_hold_settings_are_refused_in_one_line(settings, message):
+    with pytest.raises(ValueError, match=message):
+        PlannerConfig(**settings)
+
+
+def test_goal_velocity_must_lie_within_the_models_observation(maze_checkpoint):
+    for spec in ("observation[2:5]", "velocity[0:2]"):
+        with pytest.raises(
+            ValueError, match=r"not within this model's observation.*'observation': 4"
+        ):
+            BeamPlanner.from_checkpoint(
+                maze_checkpoint, **SETTINGS, goal_radius=0.45, goal_velocity=spec
+            )
 
 
 def test_goal_radius_needs_a_goal_conditioned_model(tiny_checkpoint):

@@ -51,7 +51,7 @@ from trajectory_transformer.model.decode import fused
 from trajectory_transformer.model.decode.captured import CapturedCall
 from trajectory_transformer.model.gpt import TrajectoryGPT
 from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
-from trajectory_transformer.planning.config import PlannerConfig
+from trajectory_transformer.planning.config import PlannerConfig, goal_velocity_columns
 from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
 from trajectory_transformer.planning.sampling import SearchNoise, sample_tokens
 
@@ -171,6 +171,7 @@ class BeamPlanner:
         self.action_high = self._bound(action_high)
         self.critic = self._critic(critic_network)
         self.goals = self._goal_layout()
+        self.goal_velocity = self._goal_velocity()
         self.config = self._with_discount(self.config)
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
@@ -237,6 +238,13 @@ class BeamPlanner:
                 f"achieved_goal and desired_goal, and this model's observations have {keys}; "
                 f"leave planner.{named[0]}=null"
             ) from None
+
+    def _goal_velocity(self) -> slice | None:
+        """The observation's columns that `goal_velocity` names (None without it)."""
+        if self.config.goal_velocity is None:
+            return None
+        layout = self.dataset.observation_layout if self.dataset is not None else None
+        return goal_velocity_columns(self.config.goal_velocity, layout or ())
 
     def _with_discount(self, config: PlannerConfig) -> PlannerConfig:
         """`config` with the discount of its search. Scored by a critic, the planned rewards
@@ -731,12 +739,17 @@ class BeamPlanner:
         """`goal_radius`'s rule: where a candidate's env is at its goal (`at_goal`), its score
         is minus the mean distance from the goal of its planned positions up to transition
         `h` (the latest the plan has decoded), so that the search keeps what gets closest
-        soonest and stays; elsewhere `scores` (rows,)."""
+        soonest and stays; with `goal_velocity`, minus also `goal_velocity_weight` times the
+        mean planned speed, so that it stops there; elsewhere `scores` (rows,)."""
         goals, decode, T = self.goals, self.discretizer.decode, self.transition_dim
         desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
-        planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)[:, :, goals.achieved]
-        distance = (decode(planned, goals.achieved) - desired[:, None]).norm(dim=-1).mean(-1)
-        return torch.where(at_goal, -distance, scores)
+        planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)
+        positions = decode(planned[:, :, goals.achieved], goals.achieved)
+        cost = (positions - desired[:, None]).norm(dim=-1).mean(-1)
+        if self.goal_velocity is not None:
+            velocity = decode(planned[:, :, self.goal_velocity], self.goal_velocity)
+            cost = cost + self.config.goal_velocity_weight * velocity.norm(dim=-1).mean(-1)
+        return torch.where(at_goal, -cost, scores)
 
     def _search(
         self,
@@ -845,10 +858,15 @@ class BeamPlanner:
         )
         beams.tokens[:, :obs_dim] = context[env_of_row, plan_start:]
         # With `goal_radius`, the candidates of an env at its goal try actions drawn uniformly
-        # over the bins (the model's own there are the data's, which pass through goals), and
-        # score by `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
+        # over the bins (the model's own there are the data's, which pass through goals; with
+        # `goal_hold_actions=mixed` only the expansion copies after the first), and score by
+        # `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
         with_radius = self.config.goal_radius is not None
         at_goal = self._at_goal(beams.tokens, self.config.goal_radius) if with_radius else None
+        uniform = at_goal
+        if at_goal is not None and self.config.goal_hold_actions == "mixed":
+            copies = torch.arange(n_candidates, device=context.device) >= n_beams
+            uniform = at_goal & copies
 
         for h in range(H):
             column = h * T  # transition h's first plan column
@@ -858,9 +876,9 @@ class BeamPlanner:
             for j in range(obs_dim, REWARD):
                 draws = noise.rows("act", j - obs_dim, h)
                 token = self._sample(logits, "act", draws)
-                if at_goal is not None and draws is not None:
+                if uniform is not None and draws is not None:
                     # The least of N Exp(1) draws falls on each bin alike.
-                    token = torch.where(at_goal, draws.argmin(dim=-1), token)
+                    token = torch.where(uniform, draws.argmin(dim=-1), token)
                 beams.tokens[:, column + j] = token
                 logits = decode(token, at(position + j), observation)  # (rows, N)
 

@@ -3,14 +3,41 @@
 from __future__ import annotations
 
 import math
+import re
 import typing
 from dataclasses import dataclass, fields, replace
 
 from trajectory_transformer.data.episodes import DISCOUNT
+from trajectory_transformer.data.minari_source import observation_columns
 from trajectory_transformer.planning.sampling import draws_noise
 
 TOKEN_KINDS = ("obs", "act", "reward", "value")
 """The kinds of token a planned transition samples, in `PlannerConfig.token_sampling`."""
+
+
+def goal_velocity_columns(
+    spec: str, layout: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+) -> slice | None:
+    """`planner.goal_velocity`'s `<key>[start:stop]` as columns of the flattened observation
+    of `layout` (a Dict observation's keys and shapes in flattening order); without a layout,
+    only its form is checked (None)."""
+    form = re.fullmatch(r"([\w/]+)\[(\d+):(\d+)\]", spec)
+    if form is None or int(form[2]) >= int(form[3]):
+        raise ValueError(
+            f"planner.goal_velocity must read <key>[start:stop], a part of one key of the "
+            f"observation (observation[2:4] in the mazes), got {spec!r}"
+        )
+    if layout is None:
+        return None
+    key, start, stop = form[1], int(form[2]), int(form[3])
+    columns = observation_columns(layout)
+    if key not in columns or stop > columns[key].stop - columns[key].start:
+        sizes = {k: c.stop - c.start for k, c in columns.items()}
+        raise ValueError(
+            f"planner.goal_velocity={spec} is not within this model's observation, whose keys "
+            f"and sizes are {sizes}"
+        )
+    return slice(columns[key].start + start, columns[key].start + stop)
 
 
 MIN_TEMPERATURE = 1e-6
@@ -91,6 +118,22 @@ class PlannerConfig:
     actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), so
     that an env that drifts out is brought back. Needs sampled actions (not `deterministic`,
     nor `k_act=1`)."""
+    goal_hold_actions: str = "uniform"
+    """With `goal_radius`, the actions the candidates of an env at its goal try: `uniform`,
+    every one drawn uniformly over the bins; `mixed`, the beams' first expansion copy the
+    model's own actions (which pass through goals, as the data's do, but also brake as it
+    brakes before a turn), the other copies (`n_expand` - 1) uniform ones."""
+    goal_velocity: str | None = None
+    """With `goal_radius`, where the velocity of the achieved goal sits in the observation, as
+    `<key>[start:stop]` of its Dict layout (`observation[2:4]` in the mazes: the point's
+    velocity after its position). An env at its goal then keeps the plan of least mean planned
+    distance from the goal plus `goal_velocity_weight` times its mean planned speed, so that
+    it brakes: near a goal the point moves less in a plan than a position bin is wide, so its
+    planned positions alone cannot tell a plan that stops from one that drifts. None: the
+    planned positions alone."""
+    goal_velocity_weight: float = 0.2
+    """`goal_velocity`'s weight of the mean planned speed beside the mean planned distance
+    (distance per unit of speed)."""
     goal_reward_radius: float | None = None
     """On a goal-conditioned dataset, the distance from its goal within which a planned
     position earns a reward of 1, in place of the model's expected reward token (a sparse goal
@@ -109,6 +152,7 @@ class PlannerConfig:
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
     DECODES: typing.ClassVar[tuple[str, ...]] = ("eager", "compile", "fused")
     CUDA_GRAPHS: typing.ClassVar[tuple[str, ...]] = ("none", "step", "search")
+    GOAL_HOLD_ACTIONS: typing.ClassVar[tuple[str, ...]] = ("uniform", "mixed")
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every comparison below, and inf most of them
@@ -170,6 +214,23 @@ class PlannerConfig:
                 "samples none (planner.deterministic=true or planner.k_act=1); sample actions, "
                 "or leave planner.goal_radius=null"
             )
+        if self.goal_hold_actions not in self.GOAL_HOLD_ACTIONS:
+            raise ValueError(
+                "planner.goal_hold_actions must be uniform or mixed, got "
+                f"{self.goal_hold_actions!r}"
+            )
+        if self.goal_velocity_weight < 0.0:
+            raise ValueError(
+                f"planner.goal_velocity_weight must be >= 0, got {self.goal_velocity_weight}"
+            )
+        if self.goal_velocity is not None:
+            goal_velocity_columns(self.goal_velocity)  # its form, before a layout is known
+            if self.goal_radius is None:
+                raise ValueError(
+                    "planner.goal_velocity brakes an env held at its goal, and "
+                    "planner.goal_radius=null holds none: set planner.goal_radius too, or leave "
+                    "planner.goal_velocity=null"
+                )
         if self.agent not in self.AGENTS:
             raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")
         if self.plan_every > self.horizon:

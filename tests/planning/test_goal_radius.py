@@ -1,7 +1,6 @@
-"""`planner.goal_radius`: an env at its goal tries actions drawn uniformly over the bins (with
-`goal_hold_actions=mixed`, on the expansion copies after the first) and keeps the plan whose
-positions keep closest to it (with `goal_velocity`, and whose speed is least); an env away from
-it plans exactly as without the rule."""
+"""`planner.goal_radius`: an env at its goal tries actions drawn uniformly over the bins and
+keeps the plan whose positions keep closest to it (with `goal_velocity`, and whose speed is
+least); an env away from it plans exactly as without the rule."""
 
 from __future__ import annotations
 
@@ -103,23 +102,6 @@ def test_with_goal_velocity_an_env_at_its_goal_also_pays_for_its_planned_speed(m
     torch.testing.assert_close(unweighed.scores, plain.scores)
 
 
-def test_mixed_hold_actions_take_the_models_own_on_the_first_copy_of_each_beam(maze_checkpoint):
-    """With `goal_hold_actions=mixed` a narrower filter of the model's actions reaches the
-    search at the goal (its first copies act as the model does), which it never does with
-    `uniform`; the other copies still draw over the whole range."""
-    observations = goal_and_start()
-    wide = {"goal_radius": 0.45, "beam_width": 32, "horizon": 2, "goal_hold_actions": "mixed"}
-    _, broad = plan_both(maze_checkpoint, observations, **wide, cdf_act=None)
-    _, narrow = plan_both(maze_checkpoint, observations, **wide, k_act=2)
-    assert not torch.equal(narrow.tokens[0], broad.tokens[0])
-    uniform = {**wide, "goal_hold_actions": "uniform"}
-    _, uniform_broad = plan_both(maze_checkpoint, observations, **uniform, cdf_act=None)
-    _, uniform_narrow = plan_both(maze_checkpoint, observations, **uniform, k_act=2)
-    torch.testing.assert_close(uniform_narrow.tokens[0], uniform_broad.tokens[0], rtol=0, atol=0)
-    # Away from the goal, mixed or uniform, the same search.
-    torch.testing.assert_close(narrow.tokens[1], uniform_narrow.tokens[1], rtol=0, atol=0)
-
-
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
@@ -127,7 +109,6 @@ def test_mixed_hold_actions_take_the_models_own_on_the_first_copy_of_each_beam(m
         ({"goal_radius": 0.45, "goal_velocity": "observation[3:2]"}, r"<key>\[start:stop\]"),
         ({"goal_velocity": "observation[2:4]"}, r"set planner\.goal_radius too"),
         ({"goal_radius": 0.45, "goal_velocity_weight": -1.0}, "must be >= 0"),
-        ({"goal_radius": 0.45, "goal_hold_actions": "model"}, "uniform or mixed"),
     ],
 )
 def test_bad_hold_settings_are_refused_in_one_line(settings, message):

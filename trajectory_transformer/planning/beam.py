@@ -858,15 +858,10 @@ class BeamPlanner:
         )
         beams.tokens[:, :obs_dim] = context[env_of_row, plan_start:]
         # With `goal_radius`, the candidates of an env at its goal try actions drawn uniformly
-        # over the bins (the model's own there are the data's, which pass through goals; with
-        # `goal_hold_actions=mixed` only the expansion copies after the first), and score by
-        # `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
+        # over the bins (the model's own there are the data's, which pass through goals), and
+        # score by `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
         with_radius = self.config.goal_radius is not None
         at_goal = self._at_goal(beams.tokens, self.config.goal_radius) if with_radius else None
-        uniform = at_goal
-        if at_goal is not None and self.config.goal_hold_actions == "mixed":
-            copies = torch.arange(n_candidates, device=context.device) >= n_beams
-            uniform = at_goal & copies
 
         for h in range(H):
             column = h * T  # transition h's first plan column
@@ -876,9 +871,9 @@ class BeamPlanner:
             for j in range(obs_dim, REWARD):
                 draws = noise.rows("act", j - obs_dim, h)
                 token = self._sample(logits, "act", draws)
-                if uniform is not None and draws is not None:
+                if at_goal is not None and draws is not None:
                     # The least of N Exp(1) draws falls on each bin alike.
-                    token = torch.where(uniform, draws.argmin(dim=-1), token)
+                    token = torch.where(at_goal, draws.argmin(dim=-1), token)
                 beams.tokens[:, column + j] = token
                 logits = decode(token, at(position + j), observation)  # (rows, N)
 

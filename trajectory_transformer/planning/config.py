@@ -115,14 +115,10 @@ class PlannerConfig:
     planned positions keep closest to the goal, not the model's score
     (`BeamPlanner._stay_at_goal`). A goal-reaching dataset's episodes end on arrival, so its
     model's own actions at a goal are the data's, which pass through. None: the model's
-    actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), so
-    that an env that drifts out is brought back. Needs sampled actions (not `deterministic`,
-    nor `k_act=1`)."""
-    goal_hold_actions: str = "uniform"
-    """With `goal_radius`, the actions the candidates of an env at its goal try: `uniform`,
-    every one drawn uniformly over the bins; `mixed`, the beams' first expansion copy the
-    model's own actions (which pass through goals, as the data's do, but also brake as it
-    brakes before a turn), the other copies (`n_expand` - 1) uniform ones."""
+    actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), an env
+    that drifts out is brought back; with `goal_velocity`, which stops it, the goal's own radius
+    holds it as well (`planner=maze-hold`). Needs sampled actions (not `deterministic`, nor
+    `k_act=1`)."""
     goal_velocity: str | None = None
     """With `goal_radius`, where the velocity of the achieved goal sits in the observation, as
     `<key>[start:stop]` of its Dict layout (`observation[2:4]` in the mazes: the point's
@@ -152,7 +148,6 @@ class PlannerConfig:
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
     DECODES: typing.ClassVar[tuple[str, ...]] = ("eager", "compile", "fused")
     CUDA_GRAPHS: typing.ClassVar[tuple[str, ...]] = ("none", "step", "search")
-    GOAL_HOLD_ACTIONS: typing.ClassVar[tuple[str, ...]] = ("uniform", "mixed")
 
     def __post_init__(self) -> None:
         for f in fields(self):  # NaN passes every comparison below, and inf most of them
@@ -213,11 +208,6 @@ class PlannerConfig:
                 "planner.goal_radius draws the actions of an env at its goal, and this search "
                 "samples none (planner.deterministic=true or planner.k_act=1); sample actions, "
                 "or leave planner.goal_radius=null"
-            )
-        if self.goal_hold_actions not in self.GOAL_HOLD_ACTIONS:
-            raise ValueError(
-                "planner.goal_hold_actions must be uniform or mixed, got "
-                f"{self.goal_hold_actions!r}"
             )
         if self.goal_velocity_weight < 0.0:
             raise ValueError(

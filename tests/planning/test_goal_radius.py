@@ -1,6 +1,6 @@
 """`planner.goal_radius`: an env at its goal tries actions drawn uniformly over the bins and
-keeps the plan whose positions keep closest to it (with `goal_velocity`, and whose speed is
-least); an env away from it plans exactly as without the rule."""
+keeps the plan whose positions keep closest to it (with `goal_velocity`, each carried on at its
+planned velocity); an env away from it plans exactly as without the rule."""
 
 from __future__ import annotations
 
@@ -81,25 +81,24 @@ def goal_and_start(episode: int = 0) -> torch.Tensor:
     return torch.stack([at_goal, torch.as_tensor(episodes.observations[episode])])
 
 
-def test_with_goal_velocity_an_env_at_its_goal_also_pays_for_its_planned_speed(maze_checkpoint):
+def test_with_goal_velocity_an_env_at_its_goal_looks_ahead_at_its_planned_velocity(
+    maze_checkpoint,
+):
     observations = goal_and_start()
     _, without = plan_both(maze_checkpoint, observations)
-    brake = {"goal_radius": 0.45, "goal_velocity": "observation[2:4]", "goal_velocity_weight": 3}
-    planner, held = plan_both(maze_checkpoint, observations, **brake)
+    hold = {"goal_radius": 0.45, "goal_velocity": "observation[2:4]", "goal_lookahead": 0.7}
+    planner, held = plan_both(maze_checkpoint, observations, **hold)
     assert planner.goal_velocity == slice(6, 8)  # after the goals (2 + 2) and the position (2)
     torch.testing.assert_close(held.tokens[1], without.tokens[1], rtol=0, atol=0)
     torch.testing.assert_close(held.scores[1], without.scores[1])
     decode, goals = planner.discretizer.decode, planner.goals
     tokens = held.tokens[0]  # (B, H, T)
     goal = decode(tokens[:, 0][:, goals.desired], goals.desired)  # (B, 2)
-    distance = (decode(tokens[..., 0:2], goals.achieved) - goal[:, None]).norm(dim=-1).mean(-1)
-    speed = decode(tokens[..., 6:8], slice(6, 8)).norm(dim=-1).mean(-1)
-    torch.testing.assert_close(held.scores[0], -(distance + 3 * speed))
+    ahead = decode(tokens[..., 0:2], goals.achieved) + 0.7 * decode(tokens[..., 6:8], slice(6, 8))
+    torch.testing.assert_close(held.scores[0], -(ahead - goal[:, None]).norm(dim=-1).mean(-1))
     assert int(held.best[0]) == int(held.scores[0].argmax())
-    # Weighed at 0, the plain rule.
     _, plain = plan_both(maze_checkpoint, observations, goal_radius=0.45)
-    _, unweighed = plan_both(maze_checkpoint, observations, **{**brake, "goal_velocity_weight": 0})
-    torch.testing.assert_close(unweighed.scores, plain.scores)
+    assert not torch.equal(plain.scores[0], held.scores[0])
 
 
 @pytest.mark.parametrize(
@@ -108,7 +107,7 @@ def test_with_goal_velocity_an_env_at_its_goal_also_pays_for_its_planned_speed(m
         ({"goal_radius": 0.45, "goal_velocity": "observation"}, r"<key>\[start:stop\]"),
         ({"goal_radius": 0.45, "goal_velocity": "observation[3:2]"}, r"<key>\[start:stop\]"),
         ({"goal_velocity": "observation[2:4]"}, r"set planner\.goal_radius too"),
-        ({"goal_radius": 0.45, "goal_velocity_weight": -1.0}, "must be >= 0"),
+        ({"goal_radius": 0.45, "goal_lookahead": 0.0}, "goal_lookahead must be positive"),
     ],
 )
 def test_bad_hold_settings_are_refused_in_one_line(settings, message):
@@ -117,6 +116,10 @@ def test_bad_hold_settings_are_refused_in_one_line(settings, message):
 
 
 def test_goal_velocity_must_lie_within_the_models_observation(maze_checkpoint):
+    with pytest.raises(ValueError, match="the achieved goal 2: it is the goal's velocity"):
+        BeamPlanner.from_checkpoint(
+            maze_checkpoint, **SETTINGS, goal_radius=0.45, goal_velocity="observation[1:4]"
+        )
     for spec in ("observation[2:5]", "velocity[0:2]"):
         with pytest.raises(
             ValueError, match=r"not within this model's observation.*'observation': 4"

@@ -240,11 +240,22 @@ class BeamPlanner:
             ) from None
 
     def _goal_velocity(self) -> slice | None:
-        """The observation's columns that `goal_velocity` names (None without it)."""
+        """The observation's columns that `goal_velocity` names (None without it), one for
+        each of the achieved goal's."""
         if self.config.goal_velocity is None:
             return None
         layout = self.dataset.observation_layout if self.dataset is not None else None
-        return goal_velocity_columns(self.config.goal_velocity, layout or ())
+        columns = goal_velocity_columns(self.config.goal_velocity, layout or ())
+        size, goal_size = (
+            columns.stop - columns.start,
+            self.goals.achieved.stop - self.goals.achieved.start,
+        )
+        if size != goal_size:
+            raise ValueError(
+                f"planner.goal_velocity={self.config.goal_velocity} has {size} values and the "
+                f"achieved goal {goal_size}: it is the goal's velocity, one value per coordinate"
+            )
+        return columns
 
     def _with_discount(self, config: PlannerConfig) -> PlannerConfig:
         """`config` with the discount of its search. Scored by a critic, the planned rewards
@@ -739,17 +750,18 @@ class BeamPlanner:
         """`goal_radius`'s rule: where a candidate's env is at its goal (`at_goal`), its score
         is minus the mean distance from the goal of its planned positions up to transition
         `h` (the latest the plan has decoded), so that the search keeps what gets closest
-        soonest and stays; with `goal_velocity`, minus also `goal_velocity_weight` times the
-        mean planned speed, so that it stops there; elsewhere `scores` (rows,)."""
+        soonest and stays; with `goal_velocity`, each position carried on at its planned
+        velocity for `goal_lookahead`, so that it stops on the goal; elsewhere `scores`
+        (rows,)."""
         goals, decode, T = self.goals, self.discretizer.decode, self.transition_dim
         desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
         planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)
-        positions = decode(planned[:, :, goals.achieved], goals.achieved)
-        cost = (positions - desired[:, None]).norm(dim=-1).mean(-1)
+        positions = decode(planned[:, :, goals.achieved], goals.achieved)  # (rows, h + 1, G)
         if self.goal_velocity is not None:
             velocity = decode(planned[:, :, self.goal_velocity], self.goal_velocity)
-            cost = cost + self.config.goal_velocity_weight * velocity.norm(dim=-1).mean(-1)
-        return torch.where(at_goal, -cost, scores)
+            positions = positions + self.config.goal_lookahead * velocity
+        distance = (positions - desired[:, None]).norm(dim=-1).mean(-1)
+        return torch.where(at_goal, -distance, scores)
 
     def _search(
         self,

@@ -117,19 +117,20 @@ class PlannerConfig:
     model's own actions at a goal are the data's, which pass through. None: the model's
     actions and score everywhere. Wider than the goal's own radius (0.45 in the mazes), an env
     that drifts out is brought back; with `goal_velocity`, which stops it, the goal's own radius
-    holds it as well (`planner=maze-hold`). Needs sampled actions (not `deterministic`, nor
+    holds it better (`planner=maze-hold`). Needs sampled actions (not `deterministic`, nor
     `k_act=1`)."""
     goal_velocity: str | None = None
     """With `goal_radius`, where the velocity of the achieved goal sits in the observation, as
     `<key>[start:stop]` of its Dict layout (`observation[2:4]` in the mazes: the point's
-    velocity after its position). An env at its goal then keeps the plan of least mean planned
-    distance from the goal plus `goal_velocity_weight` times its mean planned speed, so that
-    it brakes: near a goal the point moves less in a plan than a position bin is wide, so its
-    planned positions alone cannot tell a plan that stops from one that drifts. None: the
-    planned positions alone."""
-    goal_velocity_weight: float = 0.2
-    """`goal_velocity`'s weight of the mean planned speed beside the mean planned distance
-    (distance per unit of speed)."""
+    velocity after its position). An env at its goal then keeps the plan whose look-ahead
+    positions keep closest to the goal: each planned position carried on at its planned
+    velocity for `goal_lookahead`. So the point stops on the goal, rather than where it
+    happens to be within the radius, and a plan that will overshoot scores as far as it will
+    go. Near a goal the point moves less in a plan than a position bin is wide: planned
+    positions alone cannot tell a plan that stops from one that drifts. None: the planned
+    positions alone."""
+    goal_lookahead: float = 0.2
+    """`goal_velocity`'s look-ahead, in the velocity's unit of time (seconds in the mazes)."""
     goal_reward_radius: float | None = None
     """On a goal-conditioned dataset, the distance from its goal within which a planned
     position earns a reward of 1, in place of the model's expected reward token (a sparse goal
@@ -209,10 +210,8 @@ class PlannerConfig:
                 "samples none (planner.deterministic=true or planner.k_act=1); sample actions, "
                 "or leave planner.goal_radius=null"
             )
-        if self.goal_velocity_weight < 0.0:
-            raise ValueError(
-                f"planner.goal_velocity_weight must be >= 0, got {self.goal_velocity_weight}"
-            )
+        if self.goal_lookahead <= 0.0:
+            raise ValueError(f"planner.goal_lookahead must be positive, got {self.goal_lookahead}")
         if self.goal_velocity is not None:
             goal_velocity_columns(self.goal_velocity)  # its form, before a layout is known
             if self.goal_radius is None:

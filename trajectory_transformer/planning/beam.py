@@ -246,10 +246,8 @@ class BeamPlanner:
             return None
         layout = self.dataset.observation_layout if self.dataset is not None else None
         columns = goal_velocity_columns(self.config.goal_velocity, layout or ())
-        size, goal_size = (
-            columns.stop - columns.start,
-            self.goals.achieved.stop - self.goals.achieved.start,
-        )
+        size = columns.stop - columns.start
+        goal_size = self.goals.achieved.stop - self.goals.achieved.start
         if size != goal_size:
             raise ValueError(
                 f"planner.goal_velocity={self.config.goal_velocity} has {size} values and the "

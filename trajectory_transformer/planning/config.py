@@ -216,7 +216,7 @@ class PlannerConfig:
             goal_velocity_columns(self.goal_velocity)  # its form, before a layout is known
             if self.goal_radius is None:
                 raise ValueError(
-                    "planner.goal_velocity brakes an env held at its goal, and "
+                    "planner.goal_velocity looks ahead for an env held at its goal, and "
                     "planner.goal_radius=null holds none: set planner.goal_radius too, or leave "
                     "planner.goal_velocity=null"
                 )

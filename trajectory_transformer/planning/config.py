@@ -126,8 +126,8 @@ class PlannerConfig:
     positions keep closest to the goal: each planned position carried on at its planned
     velocity for `goal_lookahead`. So the point stops on the goal, rather than where it
     happens to be within the radius, and a plan that will overshoot scores as far as it will
-    go. Near a goal the point moves less in a plan than a position bin is wide: planned
-    positions alone cannot tell a plan that stops from one that drifts. None: the planned
+    go. Held near a goal, the point moves a position bin or less over a whole plan: planned
+    positions alone hardly tell a plan that stops from one that drifts. None: the planned
     positions alone."""
     goal_lookahead: float = 0.2
     """`goal_velocity`'s look-ahead, in the velocity's unit of time (seconds in the mazes)."""

@@ -8,6 +8,7 @@ import torch
 
 from trajectory_transformer.planning.config import TOKEN_KINDS, PlannerConfig
 from trajectory_transformer.planning.sampling import (
+    MIN_TEMPERATURE,
     SearchNoise,
     exponential_noise_,
     filter_cdf,
@@ -53,8 +54,10 @@ def test_cdf_then_top_k_and_temperature() -> None:
     out = filter_logits(logits, temperature=2.0, top_k=2, cdf=None)
     assert torch.allclose(out[0, :2], logits[0, :2] / 2)
     assert torch.isinf(out[0, 2:]).all()
-    with pytest.raises(ValueError, match="temperature"):
-        filter_logits(logits, temperature=0.0)
+    for bad in (0.0, -1.0, MIN_TEMPERATURE / 2, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            filter_logits(logits, temperature=bad)
+    assert torch.isfinite(filter_logits(logits * 1e25, temperature=MIN_TEMPERATURE)).all()
 
 
 def test_deterministic_and_top_1_are_argmax_and_read_no_noise() -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 
 from trajectory_transformer.data.episodes import DISCOUNT
 from trajectory_transformer.data.minari_source import observation_columns
-from trajectory_transformer.planning.sampling import draws_noise
+from trajectory_transformer.planning.sampling import MIN_TEMPERATURE, draws_noise
 
 TOKEN_KINDS = ("obs", "act", "reward", "value")
 """The kinds of token a planned transition samples, in `PlannerConfig.token_sampling`."""
@@ -38,12 +38,6 @@ def goal_velocity_columns(
             f"and sizes are {sizes}"
         )
     return slice(columns[key].start + start, columns[key].start + stop)
-
-
-MIN_TEMPERATURE = 1e-6
-"""The coldest search. Float32 logits divided by a temperature that rounds to zero (below about
-1e-45), or so small that the quotient overflows, become infinities, and their softmax NaN; at
-1e-6 any logit below 1e32 stays finite."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,14 @@ could not call.
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+MIN_TEMPERATURE = 1e-6
+"""The coldest search. Float32 logits divided by a temperature that rounds to zero (below about
+1e-45), or so small that the quotient overflows, become infinities, and their softmax NaN; at
+1e-6 any logit below 1e32 stays finite."""
 
 
 def filter_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -46,8 +53,11 @@ def filter_logits(
     cdf: float | None = None,
 ) -> torch.Tensor:
     """Temperature, then cumulative-probability, then top-k filtering of logits (..., N)."""
-    if temperature <= 0.0:
-        raise ValueError(f"temperature must be positive, got {temperature}; use greedy instead")
+    if not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):
+        raise ValueError(
+            f"temperature must be a finite number of at least {MIN_TEMPERATURE:g}, got "
+            f"{temperature}; for the most likely token use greedy sampling instead"
+        )
     if temperature != 1.0:
         logits = logits / temperature
     if cdf is not None:

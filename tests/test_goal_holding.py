@@ -29,7 +29,7 @@ def test_the_row_of_an_untrained_maze_model(maze_checkpoint, capsys):
     search = f"checkpoint={maze_checkpoint} planner=maze planner.horizon=2 planner.beam_width=2"
     (row,) = goal_holding.main(["--search", search, "--episodes", "2", "--envs", "2"])
     assert len(row) == len(goal_holding.COLUMNS)
-    assert row[0] == "pointmaze/umaze-v0, 12 bins"
+    assert row[0] == "pointmaze/umaze-v0, 12 bins, discount 0.99"
     assert row[1] == "`planner=maze`, `planner.horizon=2`, `planner.beam_width=2`"
     assert 0 < float(row[2]) < 1  # the position bins of a maze some units wide
     assert row[4].endswith("of 2")

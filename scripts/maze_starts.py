@@ -1,6 +1,7 @@
 """How much do a maze evaluation's starts move its score?
 
-    python scripts/maze_starts.py --episodes 20 --draws 6 --record goals/pointmaze-starts
+    python scripts/maze_starts.py --episodes 20 --draws 6 [--no-reference] \
+        --record goals/pointmaze-starts
 
 A maze's normalised score runs from the uniform random policy (0) to the controller without
 noise (100), each measured at the dataset's build over 50 reference episodes
@@ -47,17 +48,21 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=20, help="tt-eval's episodes (seeds 0...)")
     parser.add_argument("--draws", type=int, default=6, help="noise draws of the noisy policies")
     parser.add_argument("--mazes", nargs="+", default=list(MAZES), choices=MAZES)
+    parser.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also play the reference episodes (--no-reference: tt-eval's alone)",
+    )
     parser.add_argument("--record", help="write the table as this results record")
     args = parser.parse_args()
     columns = ["maze", "episodes", "random", "controller without noise", "behaviour policy"]
     rows = []
     for maze in args.mazes:
-        starts = {
-            f"tt-eval's seeds 0-{args.episodes - 1}": range(args.episodes),
-            f"the reference's {pointmaze.REFERENCE_EPISODES}": collect.evaluation_seeds(
-                0, pointmaze.REFERENCE_EPISODES
-            ),
-        }
+        starts = {f"tt-eval's seeds 0-{args.episodes - 1}": range(args.episodes)}
+        if args.reference:
+            reference = collect.evaluation_seeds(0, pointmaze.REFERENCE_EPISODES)
+            starts[f"the reference's {pointmaze.REFERENCE_EPISODES}"] = reference
         for label, seeds in starts.items():
             scores = normalised_returns(maze, seeds, args.draws)
             rows.append([f"pointmaze/{maze}-v0", label, *(f"{s:.1f}" for s in scores.values())])

@@ -73,8 +73,8 @@ def test_at_its_goal_the_actions_tried_do_not_come_from_the_models_policy(maze_c
 
 
 def goal_and_start() -> torch.Tensor:
-    """Two umaze observations: the first episode's start, and that start moved onto its goal
-    (first)."""
+    """Two umaze observations, in this order: the first episode's start moved onto its goal,
+    and that start."""
     episodes, _ = load_episodes("pointmaze/umaze-v0")
     start = torch.as_tensor(episodes.observations[0])
     at_goal = start.clone()

@@ -86,10 +86,11 @@ class _Beams:
     rewards: torch.Tensor  # (rows, H) expected rewards
     values: torch.Tensor  # (rows, H) expected values
     so_far: torch.Tensor  # (rows,) sum_{i<h} discount^i reward_i
+    log_likelihood: torch.Tensor  # (rows,) of the actions planned so far (`value=likelihood`)
 
     def select_(self, parent: torch.Tensor) -> None:
         """Rows [0, len(parent)) become the old rows `parent`, in every tensor."""
-        for name in ("tokens", "rewards", "values", "so_far"):
+        for name in ("tokens", "rewards", "values", "so_far", "log_likelihood"):
             tensor = getattr(self, name)
             tensor[: len(parent)] = tensor.index_select(0, parent)
 
@@ -715,9 +716,16 @@ class BeamPlanner:
         it was trained): `sum_{i<h} discount^i r'_i + discount^h Q(s_h, a_h)`. Q already holds
         r_h and everything after it, so the model's value token is not used; `values`
         records Q. With `goal_radius`, a candidate whose env is at its goal (`at_goal`, rows,
-        from `_at_goal`) scores by `_stay_at_goal` instead."""
+        from `_at_goal`) scores by `_stay_at_goal` instead.
+
+        With `value=likelihood` the score is the log-probability of the planned action tokens
+        so far (summed as they are drawn, `_plan_transitions`); `rewards` and `values` still
+        record the model's expectations."""
         discount = self.config.discount
-        if self.critic is None:
+        if self.config.value == "likelihood":
+            beams.rewards[:, h], beams.values[:, h] = reward, value
+            scores = beams.log_likelihood
+        elif self.critic is None:
             beams.rewards[:, h], beams.values[:, h] = reward, value
             beams.so_far = beams.so_far + discount**h * reward
             scores = beams.so_far + discount ** (h + 1) * value
@@ -865,6 +873,7 @@ class BeamPlanner:
             rewards=torch.zeros(n_candidates, H, device=context.device),
             values=torch.zeros(n_candidates, H, device=context.device),
             so_far=torch.zeros(n_candidates, device=context.device),
+            log_likelihood=torch.zeros(n_candidates, device=context.device),
         )
         beams.tokens[:, :obs_dim] = context[env_of_row, plan_start:]
         # With `goal_radius`, the candidates of an env at its goal try actions drawn uniformly
@@ -872,6 +881,7 @@ class BeamPlanner:
         # score by `_stay_at_goal`. A row stays its env's as beams are selected: computed once.
         with_radius = self.config.goal_radius is not None
         at_goal = self._at_goal(beams.tokens, self.config.goal_radius) if with_radius else None
+        by_likelihood = self.config.value == "likelihood"
 
         for h in range(H):
             column = h * T  # transition h's first plan column
@@ -885,6 +895,9 @@ class BeamPlanner:
                     # The least of N Exp(1) draws falls on each bin alike.
                     token = torch.where(at_goal, draws.argmin(dim=-1), token)
                 beams.tokens[:, column + j] = token
+                if by_likelihood:  # the model's own probability, before any filter
+                    log_p = logits.log_softmax(dim=-1).gather(-1, token[:, None])[:, 0]
+                    beams.log_likelihood = beams.log_likelihood + log_p
                 logits = decode(token, at(position + j), observation)  # (rows, N)
 
             # Reward and value: their expectations score the candidate; a token of each is

@@ -85,9 +85,12 @@ class PlannerConfig:
     """Seed of the planner's random streams: `reset` and evaluation derive one independent
     stream from it per episode (`BeamPlanner.episode_stream`)."""
     value: str = "model"
-    """What ends a beam's score: `model`, the model's own expected value token; or `critic`,
-    an IQL critic's `Q(s_h, a_h)` of the transition just planned, with the planned rewards
-    before it in the critic's reward units (see `BeamPlanner._score`). Needs `critic`."""
+    """What scores a beam: `model`, its planned rewards and the model's own expected value
+    token; `critic`, an IQL critic's `Q(s_h, a_h)` of the transition just planned, with the
+    planned rewards before it in the critic's reward units (see `BeamPlanner._score`; needs
+    `critic`); or `likelihood`, no reward or value at all: the log-probability under the model
+    of the plan's action tokens, the paper's goal-reaching search (with the goal in the
+    observation, the likeliest way there as the data went; `planner=maze-likely`)."""
     critic: str | None = None
     """Path of the critic.pt (tt-train-critic) that `value=critic` scores with; it must have
     been trained on the model's dataset."""
@@ -139,7 +142,7 @@ class PlannerConfig:
     search (a baseline)."""
 
     TOKEN_FEEDBACK: typing.ClassVar[tuple[str, ...]] = ("greedy", "sample")
-    VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic")
+    VALUES: typing.ClassVar[tuple[str, ...]] = ("model", "critic", "likelihood")
     AGENTS: typing.ClassVar[tuple[str, ...]] = ("beam", "iql")
     DECODES: typing.ClassVar[tuple[str, ...]] = ("eager", "compile", "fused")
     CUDA_GRAPHS: typing.ClassVar[tuple[str, ...]] = ("none", "step", "search")
@@ -185,7 +188,9 @@ class PlannerConfig:
                 f"planner.value_percentile must be in (0, 1) or None, got {self.value_percentile}"
             )
         if self.value not in self.VALUES:
-            raise ValueError(f"planner.value must be model or critic, got {self.value!r}")
+            raise ValueError(
+                f"planner.value must be model, critic or likelihood, got {self.value!r}"
+            )
         if self.decode not in self.DECODES:
             raise ValueError(f"planner.decode must be eager, compile or fused, got {self.decode!r}")
         if self.cuda_graph not in self.CUDA_GRAPHS:
@@ -196,6 +201,12 @@ class PlannerConfig:
             radius = getattr(self, name)
             if radius is not None and radius <= 0.0:
                 raise ValueError(f"planner.{name} must be positive or None, got {radius}")
+        if self.value == "likelihood" and self.goal_reward_radius is not None:
+            raise ValueError(
+                "planner.goal_reward_radius rewards planned steps at the goal, and "
+                "planner.value=likelihood scores plans by their actions' likelihood alone: set "
+                "planner.goal_reward_radius=null (planner=maze-likely does)"
+            )
         greedy = not draws_noise(top_k=self.k_act, deterministic=self.deterministic)
         if self.goal_radius is not None and greedy:
             # At the goal the candidates try actions drawn uniformly: a greedy search draws none.

@@ -111,9 +111,14 @@ def _search_one(
     rewards = torch.zeros(B * X, H, device=context.device)
     values = torch.zeros(B * X, H, device=context.device)
     so_far = torch.zeros(B * X, device=context.device)
+    log_likelihood = torch.zeros(B * X, device=context.device)
     for h in range(H):
         for j in range(n_act):
-            token = sample(next_logits(sequences), "act", j)
+            logits = next_logits(sequences)
+            token = sample(logits, "act", j)
+            if c.value == "likelihood":
+                log_p = logits.log_softmax(-1).gather(-1, token[:, None])[:, 0]
+                log_likelihood = log_likelihood + log_p
             sequences = extend(sequences, token)
         logits = next_logits(sequences)
         reward = expected(logits, n_obs + n_act)
@@ -121,7 +126,10 @@ def _search_one(
         logits = next_logits(sequences)
         value = expected(logits, n_obs + n_act + 1)
         sequences = extend(sequences, sample(logits, "value"))
-        if critic is None:
+        if c.value == "likelihood":  # the actions' log-probability
+            rewards[:, h], values[:, h] = reward, value
+            candidate_scores = log_likelihood
+        elif critic is None:
             rewards[:, h], values[:, h] = reward, value
             so_far = so_far + c.discount**h * reward
             candidate_scores = so_far + c.discount ** (h + 1) * value
@@ -133,7 +141,7 @@ def _search_one(
         scores, chosen = candidate_scores.topk(B)  # (B,)
         sequences, rewards, values = sequences[chosen], rewards[chosen], values[chosen]
         real = real[chosen]
-        so_far = so_far[chosen]
+        so_far, log_likelihood = so_far[chosen], log_likelihood[chosen]
         if h == H - 1:
             break
         for i in range(n_obs):
@@ -141,6 +149,6 @@ def _search_one(
         sequences, rewards, values, real = (
             t.repeat(X, *[1] * (t.ndim - 1)) for t in (sequences, rewards, values, real)
         )
-        so_far = so_far.repeat(X)
+        so_far, log_likelihood = so_far.repeat(X), log_likelihood.repeat(X)
     tokens = sequences[:, base:].reshape(B, H, T)
     return tokens, rewards, values, scores

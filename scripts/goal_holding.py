@@ -16,7 +16,8 @@ its position bins (the achieved goal's, mean over their dimensions), then
 - near the goal (within `--radius` of it) and away from it: how far the point really moves in
   one step, and how far the model's prediction of that step lands from where it went (the
   chosen plan's imagined next position, after the action the env then took). A search can
-  keep the point at its goal only where this error is small beside the step itself.
+  keep the point at its goal only where this error is small beside the step itself. A plan
+  of one transition (`planner=bc`) imagines no next position: those cells stay empty.
 """
 
 from __future__ import annotations
@@ -134,20 +135,25 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
     checkpoint = given[0].partition("=")[2]
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
-    if settings["horizon"] < 2:
-        raise SystemExit("the error of a plan's next position needs planner.horizon of 2 or more")
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
     info = planner.dataset
     try:
         goals = GoalLayout.of(None if info is None else info.observation_layout)
     except ValueError as error:
         raise SystemExit(f"{checkpoint}: {error}") from None
+    # A plan of one transition (behaviour cloning) imagines no next position: no error cells.
+    planned_ahead = settings["horizon"] >= 2
     errors = OneStepErrors(goals.achieved, goals.desired, radius)
     env = make_vector_env(info, min(envs, episodes))
     refs = (info.ref_min_score, info.ref_max_score)
     try:
         result = evaluate(
-            planner, env, episodes, ref_scores=refs, progress=False, observers=[errors]
+            planner,
+            env,
+            episodes,
+            ref_scores=refs,
+            progress=False,
+            observers=[errors] if planned_ahead else [],
         )
     finally:
         env.close()

@@ -44,7 +44,9 @@ def test_a_search_names_one_checkpoint():
         goal_holding.main(["--search", "planner=maze"])
 
 
-def test_a_search_of_one_transition_is_refused(maze_checkpoint):
-    search = f"checkpoint={maze_checkpoint} planner=maze planner.horizon=1"
-    with pytest.raises(SystemExit, match="horizon of 2 or more"):
-        goal_holding.main(["--search", search])
+def test_a_search_of_one_transition_scores_without_a_predicted_step(maze_checkpoint):
+    search = f"checkpoint={maze_checkpoint} planner=bc planner.context_transitions=1"
+    (row,) = goal_holding.main(["--search", search, "--episodes", "2", "--envs", "2"])
+    assert row[4].endswith("of 2")
+    float(row[3].split(" ± ")[0])  # scored
+    assert row[7:] == ["", "", "", ""]  # no imagined next position to measure

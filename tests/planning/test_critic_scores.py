@@ -107,7 +107,7 @@ def test_a_beams_score_is_its_scaled_rewards_then_the_critics_q_of_its_last_tran
 def test_value_critic_needs_a_critic() -> None:
     with pytest.raises(ValueError, match=r"planner\.value=critic needs planner\.critic="):
         BeamPlanner(tiny_model(), tiny_discretizer(), value="critic", **SMALL)
-    with pytest.raises(ValueError, match=r"planner\.value must be model or critic"):
+    with pytest.raises(ValueError, match=r"planner\.value must be model, critic or likelihood"):
         BeamPlanner(tiny_model(), tiny_discretizer(), value="q", **SMALL)
     with pytest.raises(CheckpointError, match="the critic takes 2 observation"):
         BeamPlanner(

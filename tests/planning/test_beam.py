@@ -194,15 +194,19 @@ def test_the_fused_step_is_refused_where_it_cannot_run(monkeypatch):
         BeamPlanner(tiny_model(), tiny_discretizer(), decode="fused", **SMALL)
 
 
+@pytest.mark.parametrize("value", ["model", "likelihood"])
 @pytest.mark.parametrize("feedback", ["greedy", "sample"])
 @pytest.mark.parametrize("history", [0, 1, 2])
-def test_sampled_single_env_equals_naive_with_the_same_draws(history: int, feedback: str) -> None:
+def test_sampled_single_env_equals_naive_with_the_same_draws(
+    history: int, feedback: str, value: str
+) -> None:
+    """Scored by the model's values or by the likelihood of the planned actions."""
     # Many bins and flatter distributions: with few, peaked ones, candidates often repeat, and
     # which of two equal-scoring copies survives (and so which later draws it gets) would
     # hinge on float rounding, which differs between the cached and the full-sequence paths.
     model, disc = tiny_model(n_bins=256, scale=2.0), tiny_discretizer(n_bins=256)
     feedback_tokens = dict(reward_token=feedback, value_token=feedback)
-    planner = BeamPlanner(model, disc, seed=7, **SMALL, **feedback_tokens)
+    planner = BeamPlanner(model, disc, seed=7, value=value, **SMALL, **feedback_tokens)
     planner.reset(1)
     obs = run_steps(planner, history)
     planner.generators[0].manual_seed(7)

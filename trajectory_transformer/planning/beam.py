@@ -895,7 +895,7 @@ class BeamPlanner:
                     # The least of N Exp(1) draws falls on each bin alike.
                     token = torch.where(at_goal, draws.argmin(dim=-1), token)
                 beams.tokens[:, column + j] = token
-                if by_likelihood:  # the model's own probability, before any filter
+                if by_likelihood:  # the model's own probability: no temperature, no filter
                     log_p = logits.log_softmax(dim=-1).gather(-1, token[:, None])[:, 0]
                     beams.log_likelihood = beams.log_likelihood + log_p
                 logits = decode(token, at(position + j), observation)  # (rows, N)

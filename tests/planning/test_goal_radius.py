@@ -4,6 +4,7 @@ planned velocity); an env away from it plans exactly as without the rule."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -142,3 +143,37 @@ def test_goal_radius_needs_a_goal_conditioned_model(tiny_checkpoint):
 def test_goal_radius_needs_sampled_actions(greedy):
     with pytest.raises(ValueError, match=r"samples none .*planner\.goal_radius=null"):
         PlannerConfig(goal_radius=0.45, **greedy)
+
+
+@torch.inference_mode()
+def test_maze_greedy_plays_the_models_likeliest_actions_away_from_the_goal(maze_checkpoint):
+    """`planner=maze-greedy`: away from the goal, every beam's first actions are the likeliest
+    bin of each action dimension, as a plain pass of the model over the context gives them;
+    at the goal, the hold's uniform actions."""
+    from trajectory_transformer.cli.common import planner_preset
+
+    observations = goal_and_start()
+    assert (observations[1, 0:2] - observations[1, 2:4]).norm() > 2.0  # beyond the rule's 1.0
+    preset = planner_preset("maze-greedy")
+    assert (preset["goal_radius"], preset["cdf_act"]) == (1.0, 0.01)
+    small = {"beam_width": 4, "n_expand": 2, "context_transitions": 2, "horizon": 2}
+    planner = BeamPlanner.from_checkpoint(maze_checkpoint, **{**preset, **small})
+    planner.reset(2, seed=3)
+    planner.act(observations)  # a transition of context before the plan
+    planner.observe(np.zeros(2), np.zeros(2, dtype=bool))
+    plan = planner.plan(observations)
+    model, values = planner.model, planner.discretizer.values
+    n_obs, n_act = planner.observation_dim, planner.action_dim
+    context = planner.context_tokens(observations)[1]
+    real = planner.context_values(observations)[1].float()
+    likeliest = []
+    for a in range(n_act):
+        logits = model(context[None], real[None])[0, -1]
+        token = logits.argmax()
+        likeliest.append(int(token))
+        context = torch.cat([context, token[None]])
+        real = torch.cat([real, values[n_obs + a, token][None].float()])
+    first_actions = plan.tokens[1, :, 0, n_obs : n_obs + n_act]  # (B, A)
+    assert first_actions.tolist() == [likeliest] * len(first_actions)
+    held = plan.tokens[0, :, 0, n_obs : n_obs + n_act]
+    assert len(held.unique(dim=0)) > 1  # at the goal: the hold's uniform draws

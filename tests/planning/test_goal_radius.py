@@ -166,14 +166,13 @@ def test_maze_greedy_plays_the_models_likeliest_actions_away_from_the_goal(maze_
     n_obs, n_act = planner.observation_dim, planner.action_dim
     context = planner.context_tokens(observations)[1]
     real = planner.context_values(observations)[1].float()
-    likeliest = []
-    for a in range(n_act):
+    first_actions = plan.tokens[1, :, 0, n_obs : n_obs + n_act]  # (B, A)
+    assert (first_actions == first_actions[0]).all()  # one first action for every beam
+    for a, token in enumerate(first_actions[0]):
         logits = model(context[None], real[None])[0, -1]
-        token = logits.argmax()
-        likeliest.append(int(token))
+        # The likeliest bin, up to float noise between the cached decode and this plain pass.
+        torch.testing.assert_close(logits[token], logits.max(), atol=1e-4, rtol=1e-5)
         context = torch.cat([context, token[None]])
         real = torch.cat([real, values[n_obs + a, token][None].float()])
-    first_actions = plan.tokens[1, :, 0, n_obs : n_obs + n_act]  # (B, A)
-    assert first_actions.tolist() == [likeliest] * len(first_actions)
     held = plan.tokens[0, :, 0, n_obs : n_obs + n_act]
     assert len(held.unique(dim=0)) > 1  # at the goal: the hold's uniform draws

@@ -7,8 +7,10 @@ every run (finished, or stopped by `stop_after`).
         --record docs/results/records/comparisons/goals-pointmaze-umaze \\
         --machine "2 cores of an AMD EPYC (x86_64), beside ..."
 
-writes `<record>-agents.json`, `<record>-seeds.json` and `<record>-decisions.json`, with the
-tt-compare command (from the run's `.hydra/overrides.yaml`, less its run directory), the
+writes `<record>-agents.json`, `<record>-seeds.json` and `<record>-decisions.json` (and, where
+the env reports reaching a goal, `<record>-goals.json`: each seed's goals reached, how long they
+were held and when first reached, from its evaluation's `results.json`), with the tt-compare
+command (from the run's `.hydra/overrides.yaml`, less its run directory), the
 machine as given (what ran beside it belongs there), and the dates its evaluations finished. A
 page shows them with `<!-- results: comparisons/goals-pointmaze-umaze-agents -->`
 (scripts/render_results.py), and another table can name their cells, so that a score is
@@ -40,6 +42,7 @@ AGENT_COLUMNS = [
     "evaluation (min)",
     "planning per env-step (ms)",
 ]
+GOAL_COLUMNS = ["agent", "seed", "reached", "held", "first reached (step)"]
 DECISION_COLUMNS = ["comparison", "mean 1", "mean 2", "mean 1 - mean 2", "decision", "P(1 > 2)"]
 DECISIONS = DECISION_WORDS | {"larger": "**larger**"}
 """How each of AdaStop's decisions reads in a table (as tt-compare's report says it, a win in
@@ -114,6 +117,33 @@ def seed_columns_and_rows(scores: list[dict[str, dict[str, float]]]) -> tuple[li
     return columns, rows
 
 
+def goal_rows(run_dir: Path, agents: list[str]) -> list[list[str]]:
+    """Per agent and training seed, as its evaluation's `results.json` says: the episodes that
+    reached their goal, the share of the steps after the first arrival spent at it (mean over
+    those episodes), and the mean step of that arrival. None of them where the env reports no
+    goal (`reached_fraction` absent)."""
+    rows = []
+    for agent in agents:
+        found = (run_dir / "evaluations" / agent).glob("seed*/results.json")
+        for path in sorted(found, key=lambda p: int(p.parent.name.removeprefix("seed"))):
+            result = json.loads(path.read_text())
+            if result.get("reached_fraction") is None:
+                continue
+            episodes = len(result["lengths"])
+            reached = round(result["reached_fraction"] * episodes)
+            held, first = result["stayed_fraction"], result["first_success_step_mean"]
+            rows.append(
+                [
+                    agent,
+                    path.parent.name.removeprefix("seed"),
+                    f"{reached} of {episodes}",
+                    "-" if held is None else f"{held:.0%}",
+                    "-" if first is None else f"{first:.0f}",
+                ]
+            )
+    return rows
+
+
 def command_of(run_dir: Path) -> str:
     """The tt-compare command that made `run_dir`, as its Hydra overrides record it."""
     hydra = yaml.safe_load((run_dir / ".hydra" / "hydra.yaml").read_text())["hydra"]
@@ -142,11 +172,12 @@ def write_records(run_dir: Path, record: Path, machine: str, commit: str | None)
     if commit:
         provenance["commits"] = [commit]
     unit = "normalised score" if state.get("normalized") else "return"
+    agents = read_rows(run_dir / "agents.csv")
     tables = {
         "agents": (
             f"{dataset}: each agent's {unit} over its training seeds",
             AGENT_COLUMNS,
-            agent_rows(read_rows(run_dir / "agents.csv")),
+            agent_rows(agents),
         ),
         "seeds": (
             f"{dataset}: each agent's {unit} per training seed",
@@ -158,6 +189,12 @@ def write_records(run_dir: Path, record: Path, machine: str, commit: str | None)
             decision_rows(read_rows(run_dir / "decisions.csv")),
         ),
     }
+    if goals := goal_rows(run_dir, [row["name"] for row in agents]):
+        tables["goals"] = (
+            f"{dataset}: each agent's goals reached and held, per training seed",
+            GOAL_COLUMNS,
+            goals,
+        )
     written = []
     for kind, (title, columns, rows) in tables.items():
         path = record.with_name(f"{record.name}-{kind}.json")
@@ -182,7 +219,8 @@ def main() -> None:
         "--record",
         type=Path,
         required=True,
-        help="docs/results/records/<name>: writes <name>-agents.json, -seeds.json, -decisions.json",
+        help="docs/results/records/<name>: writes <name>-agents.json, -seeds.json, -decisions.json "
+        "(and -goals.json where the env reports reaching a goal)",
     )
     parser.add_argument(
         "--machine", required=True, help="where it ran, and what ran beside it (as pages say)"

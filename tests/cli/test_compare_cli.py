@@ -135,6 +135,40 @@ def test_the_seeds_record_marks_the_seeds_an_agent_did_not_play():
     assert rows == [["planner", "90.0", "91.0", "92.0", "93.0"], ["bc", "40.0", "41.3", "-", "-"]]
 
 
+def test_the_goals_record_reads_each_evaluations_reach_and_hold(tmp_path):
+    """Per agent (in the agents' order) and seed, from the results.json tt-eval writes: goals
+    reached, the mean share of the steps after arrival spent at the goal, the mean arrival."""
+    import record_comparison
+
+    from trajectory_transformer.evaluation.loop import EvalResult
+
+    def write(agent: str, seed: int, first: list, at: list, lengths: list) -> None:
+        result = EvalResult(
+            returns=[0.0] * len(lengths),
+            lengths=lengths,
+            seeds=list(range(len(lengths))),
+            normalized_scores=None,
+            no_score_reason="test",
+            planning_seconds=0.0,
+            env_steps=sum(lengths),
+            wall_seconds=0.0,
+            first_success_steps=first,
+            success_steps=at,
+        )
+        result.write(tmp_path / "evaluations" / agent / f"seed{seed}" / "results.json")
+
+    # Seed 10 first, to check the seeds sort as numbers: 2 before 10.
+    write("goals", 10, [100, 300, None], [400, 100, 0], [500, 500, 500])  # held 100% and 50%
+    write("goals", 2, [None, None], [0, 0], [500, 500])  # never reached: no hold, no arrival
+    write("behaviour", 0, [250, 350], [125, 75], [500, 500])  # 50% and 50%
+    assert record_comparison.goal_rows(tmp_path, ["goals", "behaviour"]) == [
+        ["goals", "2", "0 of 2", "-", "-"],
+        ["goals", "10", "2 of 3", "75%", "200"],
+        ["behaviour", "0", "2 of 2", "50%", "300"],
+    ]
+    assert record_comparison.goal_rows(tmp_path, ["bc"]) == []  # an agent with no evaluation
+
+
 def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_path):
     """`stop_after=1` of at most two interims: the first is played and reported, undecided;
     run again with it, only the report is written; without it, the second interim follows."""

@@ -7,8 +7,8 @@ model predicts the point's next position near the goal and away from it.
 
 Plays `--episodes` seeded evaluation episodes (seeds 0, 1, ... as tt-eval plays them, 10 envs
 at a time) with each `--search`'s checkpoint and tt-eval planner overrides, and gives a row
-for each: the model (its dataset, bins, value discount and seed), the search, and the width of
-its position bins (the achieved goal's, mean over their dimensions), then
+for each: the model (its dataset, bins, value discount, seed and training steps), the search,
+and the width of its position bins (the achieved goal's, mean over their dimensions), then
 - the score, the episodes that reached the goal and the share of the steps after the first
   arrival spent within it, as tt-eval reports them;
 - the score had every episode that reached the goal stayed there from its first arrival on:
@@ -113,12 +113,16 @@ def returns_had_it_stayed(
 
 
 def model_name(planner: BeamPlanner) -> str:
-    """The model as the table names it: its dataset, bins, value discount and training seed."""
+    """The model as the table names it: its dataset, bins, value discount, training seed and
+    training steps (the latter two where its checkpoint's config names them)."""
     bins = planner.discretizer.edges.shape[1] - 1
     discount, _ = value_targets_of(planner.training_config)
     name = f"{planner.dataset.dataset_id}, {bins} bins, discount {discount:g}"
-    seed = planner.training_config.get("seed")
-    return name if seed is None else f"{name}, seed {seed}"
+    if (seed := planner.training_config.get("seed")) is not None:
+        name += f", seed {seed}"
+    if (steps := planner.training_config.get("trainer", {}).get("max_steps")) is not None:
+        name += f", {steps:,} steps"
+    return name
 
 
 def position_bin(planner: BeamPlanner, achieved: slice) -> float:

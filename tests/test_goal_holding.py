@@ -50,3 +50,15 @@ def test_a_search_of_one_transition_scores_without_a_predicted_step(maze_checkpo
     assert row[4].endswith("of 2")
     float(row[3].split(" ± ")[0])  # scored
     assert row[7:] == ["", "", "", ""]  # no imagined next position to measure
+
+
+def test_a_trained_model_is_named_with_its_seed_and_training_steps():
+    """Models of one dataset trained with other seeds or for longer tell their rows apart."""
+    from trajectory_transformer.planning import BeamPlanner
+
+    planner = BeamPlanner.from_checkpoint("pretrained:pointmaze/medium-v0")
+    planner.training_config = {**planner.training_config, "seed": 3}
+    planner.training_config["trainer"] = {**planner.training_config["trainer"], "max_steps": 12000}
+    assert goal_holding.model_name(planner) == (
+        "pointmaze/medium-v0, 100 bins, discount 0.99, seed 3, 12,000 steps"
+    )

@@ -129,14 +129,13 @@ def goal_rows(run_dir: Path, agents: list[str]) -> list[list[str]]:
             result = json.loads(path.read_text())
             if result.get("reached_fraction") is None:
                 continue
-            episodes = len(result["lengths"])
-            reached = round(result["reached_fraction"] * episodes)
+            reached = sum(step is not None for step in result["first_success_steps"])
             held, first = result["stayed_fraction"], result["first_success_step_mean"]
             rows.append(
                 [
                     agent,
                     path.parent.name.removeprefix("seed"),
-                    f"{reached} of {episodes}",
+                    f"{reached} of {len(result['lengths'])}",
                     "-" if held is None else f"{held:.0%}",
                     "-" if first is None else f"{first:.0f}",
                 ]

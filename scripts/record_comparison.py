@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 from render_results import format_record
 
-from trajectory_transformer.comparison.protocol import DECISION_WORDS
+from trajectory_transformer.comparison.protocol import DECISION_WORDS, evaluation_dir
 
 AGENT_COLUMNS = [
     "agent",
@@ -101,13 +101,18 @@ def decision_rows(rows: list[dict[str, str]]) -> list[list[str]]:
     return table
 
 
-def seed_columns_and_rows(scores: list[dict[str, dict[str, float]]]) -> tuple[list, list]:
-    """Each agent's score per training seed over the interims (`compare.json`'s `scores`); `-`
-    for a seed an agent did not play (its comparisons decided before that interim)."""
+def scores_by_agent(scores: list[dict[str, dict[str, float]]]) -> dict[str, dict[int, float]]:
+    """Each agent's score per training seed over the interims (`compare.json`'s `scores`)."""
     by_agent: dict[str, dict[int, float]] = {}
     for interim in scores:
         for agent, by_seed in interim.items():
             by_agent.setdefault(agent, {}).update({int(s): v for s, v in by_seed.items()})
+    return by_agent
+
+
+def seed_columns_and_rows(by_agent: dict[str, dict[int, float]]) -> tuple[list, list]:
+    """Each agent's score per training seed; `-` for a seed an agent did not play (its
+    comparisons decided before that interim)."""
     seeds = sorted({seed for by_seed in by_agent.values() for seed in by_seed})
     columns = ["agent", *(f"seed {seed}" for seed in seeds)]
     rows = [
@@ -117,15 +122,17 @@ def seed_columns_and_rows(scores: list[dict[str, dict[str, float]]]) -> tuple[li
     return columns, rows
 
 
-def goal_rows(run_dir: Path, agents: list[str]) -> list[list[str]]:
-    """Per agent and training seed, as its evaluation's `results.json` says: the episodes that
-    reached their goal, the share of the steps after the first arrival spent at it (mean over
-    those episodes), and the mean step of that arrival. None of them where the env reports no
-    goal (`reached_fraction` absent)."""
+def goal_rows(run_dir: Path, seeds: dict[str, list[int]]) -> list[list[str]]:
+    """Per agent and training seed it played (`seeds`, in order), as its evaluation's
+    `results.json` says: the episodes that reached their goal, the share of the steps after the
+    first arrival spent at it (mean over those episodes), and the mean step of that arrival.
+    None of them where the env reports no goal (`reached_fraction` absent)."""
     rows = []
-    for agent in agents:
-        found = (run_dir / "evaluations" / agent).glob("seed*/results.json")
-        for path in sorted(found, key=lambda p: int(p.parent.name.removeprefix("seed"))):
+    for agent, played in seeds.items():
+        for seed in played:
+            path = evaluation_dir(run_dir, agent, seed) / "results.json"
+            if not path.is_file():
+                continue
             result = json.loads(path.read_text())
             if result.get("reached_fraction") is None:
                 continue
@@ -134,7 +141,7 @@ def goal_rows(run_dir: Path, agents: list[str]) -> list[list[str]]:
             rows.append(
                 [
                     agent,
-                    path.parent.name.removeprefix("seed"),
+                    str(seed),
                     f"{reached} of {len(result['lengths'])}",
                     "-" if held is None else f"{held:.0%}",
                     "-" if first is None else f"{first:.0f}",
@@ -172,6 +179,7 @@ def write_records(run_dir: Path, record: Path, machine: str, commit: str | None)
         provenance["commits"] = [commit]
     unit = "normalised score" if state.get("normalized") else "return"
     agents = read_rows(run_dir / "agents.csv")
+    by_agent = scores_by_agent(state["scores"])
     tables = {
         "agents": (
             f"{dataset}: each agent's {unit} over its training seeds",
@@ -180,7 +188,7 @@ def write_records(run_dir: Path, record: Path, machine: str, commit: str | None)
         ),
         "seeds": (
             f"{dataset}: each agent's {unit} per training seed",
-            *seed_columns_and_rows(state["scores"]),
+            *seed_columns_and_rows(by_agent),
         ),
         "decisions": (
             f"{dataset}: AdaStop's decisions",
@@ -188,7 +196,8 @@ def write_records(run_dir: Path, record: Path, machine: str, commit: str | None)
             decision_rows(read_rows(run_dir / "decisions.csv")),
         ),
     }
-    if goals := goal_rows(run_dir, [row["name"] for row in agents]):
+    played = {row["name"]: sorted(by_agent.get(row["name"], {})) for row in agents}
+    if goals := goal_rows(run_dir, played):
         tables["goals"] = (
             f"{dataset}: each agent's goals reached and held, per training seed",
             GOAL_COLUMNS,

@@ -130,7 +130,8 @@ def test_the_seeds_record_marks_the_seeds_an_agent_did_not_play():
         {"planner": {"0": 90.04, "1": 91.0}, "bc": {"0": 40.0, "1": 41.26}},
         {"planner": {"2": 92.0, "3": 93.0}},
     ]
-    columns, rows = record_comparison.seed_columns_and_rows(scores)
+    by_agent = record_comparison.scores_by_agent(scores)
+    columns, rows = record_comparison.seed_columns_and_rows(by_agent)
     assert columns == ["agent", "seed 0", "seed 1", "seed 2", "seed 3"]
     assert rows == [["planner", "90.0", "91.0", "92.0", "93.0"], ["bc", "40.0", "41.3", "-", "-"]]
 
@@ -157,16 +158,16 @@ def test_the_goals_record_reads_each_evaluations_reach_and_hold(tmp_path):
         )
         result.write(tmp_path / "evaluations" / agent / f"seed{seed}" / "results.json")
 
-    # Seed 10 first, to check the seeds sort as numbers: 2 before 10.
     write("goals", 10, [100, 300, None], [400, 100, 0], [500, 500, 500])  # held 100% and 50%
     write("goals", 2, [None, None], [0, 0], [500, 500])  # never reached: no hold, no arrival
     write("behaviour", 0, [250, 350], [125, 75], [500, 500])  # 50% and 50%
-    assert record_comparison.goal_rows(tmp_path, ["goals", "behaviour"]) == [
+    played = {"goals": [2, 10], "behaviour": [0]}
+    assert record_comparison.goal_rows(tmp_path, played) == [
         ["goals", "2", "0 of 2", "-", "-"],
         ["goals", "10", "2 of 3", "75%", "200"],
         ["behaviour", "0", "2 of 2", "50%", "300"],
     ]
-    assert record_comparison.goal_rows(tmp_path, ["bc"]) == []  # an agent with no evaluation
+    assert record_comparison.goal_rows(tmp_path, {"bc": [0]}) == []  # an agent with no evaluation
 
 
 def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_path):

@@ -431,9 +431,14 @@ def plan_interim(
                     *episodes,
                     *agent.eval,
                 ],
-                str(root / "evaluations" / agent.name / f"seed{seed}"),
+                str(evaluation_dir(root, agent.name, seed)),
             )
     return Interim(index, list(trainings.values()), evaluations, wanted - len(trainings), uses)
+
+
+def evaluation_dir(root: Path, agent: str, seed: int) -> Path:
+    """Where a comparison in `root` writes `agent`'s evaluation of training seed `seed`."""
+    return root / "evaluations" / agent / f"seed{seed}"
 
 
 def read_score(job: Job) -> tuple[float, bool]:

@@ -4,11 +4,15 @@ planned velocity); an env away from it plans exactly as without the rule."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
+from conftest import set_discretizer_values
 
 from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.model import TrajectoryGPT
 from trajectory_transformer.planning import BeamPlanner, PlannerConfig
 
 SETTINGS = {"beam_width": 4, "n_expand": 2, "horizon": 3, "context_transitions": 1}
@@ -176,3 +180,112 @@ def test_maze_greedy_plays_the_models_likeliest_actions_away_from_the_goal(maze_
         real = torch.cat([real, values[n_obs + a, token][None].float()])
     held = plan.tokens[0, :, 0, n_obs : n_obs + n_act]
     assert len(held.unique(dim=0)) > 1  # at the goal: the hold's uniform draws
+
+
+HOLD = {"goal_radius": 0.45, "goal_velocity": "observation[2:4]", "goal_lookahead": 0.7}
+
+
+def expected_lookahead(planner, context: torch.Tensor, real: torch.Tensor, action) -> float:
+    """A plain reference for one tried action: the model over the context and the action, one
+    token at a time, the likeliest fed back; the next position's and velocity's expected values
+    carried on for the look-ahead, and their distance from the goal."""
+    model, values = planner.model, planner.discretizer.values
+    n_obs, n_act = planner.observation_dim, planner.action_dim
+    sequence, inputs = context.clone(), real.float().clone()
+    next_observation = torch.zeros(n_obs)
+    for column in [*range(n_obs, n_obs + n_act + 2), *range(8)]:
+        if n_obs <= column < n_obs + n_act:
+            token = torch.as_tensor(action[column - n_obs])
+        else:
+            logits = model(sequence[None], inputs[None])[0, -1]
+            token = logits.argmax()
+            if column < n_obs:
+                next_observation[column] = logits.softmax(-1) @ values[column]
+        sequence = torch.cat([sequence, token[None]])
+        inputs = torch.cat([inputs, values[column, token][None].float()])
+    goal = values[2:4].gather(1, context[-n_obs + 2 : -n_obs + 4, None])[:, 0]
+    ahead = next_observation[0:2] + 0.7 * next_observation[6:8]
+    return float((ahead - goal).norm())
+
+
+def held_planner(checkpoint, value_inputs: bool, **settings) -> BeamPlanner:
+    """The maze checkpoint's planner over a model of its shape with seeded random weights,
+    large enough that the next position depends on the action; with `value_inputs`, a model
+    that takes the tokens' real values too."""
+    planner = BeamPlanner.from_checkpoint(checkpoint, **{**SETTINGS, **HOLD, **settings})
+    config = dataclasses.replace(planner.model.config, value_inputs=value_inputs)
+    torch.manual_seed(1)
+    model = TrajectoryGPT(config).eval()
+    if value_inputs:
+        set_discretizer_values(model, planner.discretizer)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.5)
+    return BeamPlanner(
+        model,
+        planner.discretizer,
+        planner.config,
+        action_low=planner.action_low,
+        action_high=planner.action_high,
+        dataset=planner.dataset,
+        training_config=planner.training_config,
+    )
+
+
+@pytest.mark.parametrize("value_inputs", [False, True])
+@torch.inference_mode()
+def test_with_goal_tries_an_env_at_its_goal_plays_the_tried_action_expected_to_stay_closest(
+    maze_checkpoint, value_inputs
+):
+    observations = goal_and_start()
+    plans = {}
+    for tries in (None, 6):
+        planner = held_planner(maze_checkpoint, value_inputs, goal_tries=tries)
+        planner.reset(2, seed=3)
+        plans[tries] = planner.plan(observations)
+    searched, held = plans[None], plans[6]
+    n_obs, n_act = planner.observation_dim, planner.action_dim
+    # Away from its goal, the very same plans; at it, the search's plans but their first action.
+    torch.testing.assert_close(held.tokens[1], searched.tokens[1], rtol=0, atol=0)
+    torch.testing.assert_close(held.tokens[0, :, 1:], searched.tokens[0, :, 1:], rtol=0, atol=0)
+    first = held.tokens[0, :, 0, n_obs : n_obs + n_act]  # (B, A)
+    assert (first == first[0]).all()
+    # The tries are env 0's next draws after its search: drawn again from a copy of its
+    # generator, each judged by the plain reference.
+    replay = held_planner(maze_checkpoint, value_inputs)
+    replay.reset(2, seed=3)
+    replay.plan(observations)
+    tries = torch.randint(planner.model.config.n_bins, (6, n_act), generator=replay.generators[0])
+    context = planner.context_tokens(observations)[0]
+    real = planner.context_values(observations)[0]
+    distances = [expected_lookahead(planner, context, real, action) for action in tries]
+    chosen = [i for i, action in enumerate(tries) if action.tolist() == first[0].tolist()]
+    assert chosen, "the action played is not one of the tries"
+    assert max(distances) - min(distances) > 1e-3  # the tries differ, so choosing matters
+    # The closest, up to float noise between the batched passes and these plain ones.
+    assert min(distances[i] for i in chosen) == pytest.approx(min(distances), abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"goal_tries": 8}, r"set planner\.goal_radius too"),
+        ({"goal_radius": 0.45, "goal_tries": 0}, "goal_tries must be at least 1"),
+        ({"goal_radius": 0.45, "goal_tries": 8, "plan_every": 2}, r"set planner\.plan_every=1"),
+    ],
+)
+def test_bad_goal_tries_are_refused_in_one_line(settings, message):
+    with pytest.raises(ValueError, match=message):
+        PlannerConfig(**settings)
+
+
+def test_goal_tries_must_fit_the_next_observation_in_the_models_block(maze_checkpoint):
+    """The search fits a context of all but one of the model's transitions and a horizon of
+    one; the tried action's next observation, past that transition, does not."""
+    n = BeamPlanner.from_checkpoint(maze_checkpoint, **SETTINGS).model.config.sequence_transitions
+    settings = {**SETTINGS, **HOLD, "horizon": 1, "goal_tries": 4}
+    BeamPlanner.from_checkpoint(maze_checkpoint, **{**settings, "context_transitions": n - 2})
+    search_alone = {**settings, "goal_tries": None, "context_transitions": n - 1}
+    BeamPlanner.from_checkpoint(maze_checkpoint, **search_alone)
+    with pytest.raises(ValueError, match=r"lower planner\.context_transitions"):
+        BeamPlanner.from_checkpoint(maze_checkpoint, **{**settings, "context_transitions": n - 1})

@@ -168,6 +168,14 @@ class BeamPlanner:
                 f"size of {gpt.block_size} ({gpt.sequence_transitions} transitions); lower "
                 f"them to at most {gpt.sequence_transitions} transitions together"
             )
+        held_length = (c.context_transitions + 1) * T + self.observation_dim
+        if c.goal_tries is not None and held_length > gpt.block_size:
+            raise ValueError(
+                f"planner.goal_tries reads the observation after a tried action: "
+                f"context_transitions + 1 = {c.context_transitions + 1} transitions and an "
+                f"observation, {held_length} tokens, exceed the model's block size of "
+                f"{gpt.block_size}; lower planner.context_transitions"
+            )
         self.action_low = self._bound(action_low)
         self.action_high = self._bound(action_high)
         self.critic = self._critic(critic_network)
@@ -591,6 +599,8 @@ class BeamPlanner:
                 real = torch.cat([past, obs[index]], dim=1)  # (G, n*T + O)
             generators = [self.generators[e] for e in envs]
             search = self._search(context, cache, generators, real)
+            if c.goal_tries is not None:
+                self._hold_action(search.tokens, context, real, generators)
             tokens[index] = search.tokens
             rewards[index] = search.rewards
             values[index] = search.values
@@ -763,11 +773,76 @@ class BeamPlanner:
         desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
         planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)
         positions = decode(planned[:, :, goals.achieved], goals.achieved)  # (rows, h + 1, G)
+        velocity = None
         if self.goal_velocity is not None:
             velocity = decode(planned[:, :, self.goal_velocity], self.goal_velocity)
-            positions = positions + self.config.goal_lookahead * velocity
-        distance = (positions - desired[:, None]).norm(dim=-1).mean(-1)
+        distance = self._lookahead_distance(positions, velocity, desired)
         return torch.where(at_goal, -distance, scores)
+
+    def _hold_action(
+        self,
+        tokens: torch.Tensor,
+        context: torch.Tensor,
+        real: torch.Tensor | None,
+        generators: list[torch.Generator],
+    ) -> None:
+        """`goal_tries`' rule: where env g's current observation is within `goal_radius` of
+        its goal, its plans (tokens (G, B, H, T), in place) start with the best of
+        `goal_tries` actions drawn uniformly over the bins from `generators[g]`. Each action is
+        judged by where the model expects it to lead: after it, the most likely reward, value
+        and observation tokens are fed back one at a time, and the expected values of the next
+        position (and of its velocity, with `goal_velocity`) give `_lookahead_distance`.
+
+        Every env of the group is judged (a mask, not an index, so nothing waits on the
+        device); each try runs the whole sequence again, a few tokens longer each time, which
+        is cheap beside the search for a context of a transition or a few."""
+        c, n_obs, n_act = self.config, self.observation_dim, self.action_dim
+        G, L = context.shape
+        K, N = c.goal_tries, self.model.config.n_bins
+        held = self._at_goal(context[:, L - n_obs :], c.goal_radius)  # (G,)
+        draws = [
+            torch.randint(N, (K, n_act), generator=generator, device=self.device)
+            for generator in generators
+        ]
+        actions = torch.stack(draws)  # (G, K, A)
+        sequence = torch.cat([context[:, None].expand(G, K, L), actions], dim=-1)
+        sequence = sequence.reshape(G * K, L + n_act)
+        values = None
+        if self.model.config.value_inputs:
+            decoded = self.discretizer.decode(actions, slice(n_obs, n_obs + n_act))
+            values = torch.cat([real[:, None].expand(G, K, L), decoded], dim=-1)
+            values = values.reshape(G * K, L + n_act)
+        # Then the reward and the value, and the next observation up to the last column read.
+        goals, velocity = self.goals, self.goal_velocity
+        last = max(goals.achieved.stop, velocity.stop if velocity is not None else 0)
+        columns = [n_obs + n_act, n_obs + n_act + 1, *range(last)]
+        expected = torch.zeros(G * K, last, device=self.device)
+        for column in columns:
+            logits = self.model(sequence, values)[:, -1]  # (G*K, N)
+            token = logits.argmax(dim=-1)  # (G*K,)
+            if column < n_obs:
+                probs = logits.softmax(dim=-1)
+                expected[:, column] = self.discretizer.expectation(probs, column)
+            sequence = torch.cat([sequence, token[:, None]], dim=1)
+            if values is not None:
+                value = self.discretizer.decode(token[:, None], slice(column, column + 1))
+                values = torch.cat([values, value], dim=1)
+        positions = expected[:, goals.achieved].view(G, K, 1, -1)
+        speeds = None if velocity is None else expected[:, velocity].view(G, K, 1, -1)
+        desired = self.discretizer.decode(context[:, L - n_obs :][:, goals.desired], goals.desired)
+        distance = self._lookahead_distance(positions, speeds, desired[:, None])  # (G, K)
+        best = actions[torch.arange(G, device=self.device), distance.argmin(dim=-1)]  # (G, A)
+        first = tokens[:, :, 0, n_obs : n_obs + n_act]  # (G, B, A)
+        first.copy_(torch.where(held[:, None, None], best[:, None], first))
+
+    def _lookahead_distance(
+        self, positions: torch.Tensor, velocity: torch.Tensor | None, desired: torch.Tensor
+    ) -> torch.Tensor:
+        """Mean distance (...,) from `desired` (..., G) of positions (..., n, G), each carried
+        on at its `velocity` (..., n, G) for `goal_lookahead` where a velocity is given."""
+        if velocity is not None:
+            positions = positions + self.config.goal_lookahead * velocity
+        return (positions - desired[..., None, :]).norm(dim=-1).mean(-1)
 
     def _search(
         self,

@@ -128,6 +128,15 @@ class PlannerConfig:
     positions alone."""
     goal_lookahead: float = 0.2
     """`goal_velocity`'s look-ahead, in the velocity's unit of time (seconds in the mazes)."""
+    goal_tries: int | None = None
+    """With `goal_radius`, an env at its goal plays the best of this many actions drawn
+    uniformly over the bins, each judged by the position the model expects it to lead to
+    (with `goal_velocity`, carried on at the expected velocity for `goal_lookahead`):
+    `BeamPlanner._hold_action`. The search's own hold tries only `beam_width` first actions,
+    drawn before any is judged: it scores a candidate on the positions it has decoded, and the
+    one its action leads to is decoded after the selection, so its copies tie until then.
+    None: the search's first action. Needs `plan_every=1`: the plan's later actions were
+    searched after another first action."""
     goal_reward_radius: float | None = None
     """On a goal-conditioned dataset, the distance from its goal within which a planned
     position earns a reward of 1, in place of the model's expected reward token (a sparse goal
@@ -224,6 +233,21 @@ class PlannerConfig:
                     "planner.goal_velocity looks ahead for an env held at its goal, and "
                     "planner.goal_radius=null holds none: set planner.goal_radius too, or leave "
                     "planner.goal_velocity=null"
+                )
+        if self.goal_tries is not None:
+            if self.goal_tries < 1:
+                raise ValueError(f"planner.goal_tries must be at least 1, got {self.goal_tries}")
+            if self.goal_radius is None:
+                raise ValueError(
+                    "planner.goal_tries chooses the action of an env held at its goal, and "
+                    "planner.goal_radius=null holds none: set planner.goal_radius too, or leave "
+                    "planner.goal_tries=null"
+                )
+            if self.plan_every != 1:
+                raise ValueError(
+                    f"planner.goal_tries chooses the next action alone, and planner.plan_every="
+                    f"{self.plan_every} would play the plan's later actions, searched after "
+                    "another: set planner.plan_every=1, or leave planner.goal_tries=null"
                 )
         if self.agent not in self.AGENTS:
             raise ValueError(f"planner.agent must be beam or iql, got {self.agent!r}")

@@ -781,30 +781,39 @@ class BeamPlanner:
 
     def _hold_action(
         self,
-        tokens: torch.Tensor,
+        plans: torch.Tensor,
         context: torch.Tensor,
         real: torch.Tensor | None,
         generators: list[torch.Generator],
     ) -> None:
         """`goal_tries`' rule: where env g's current observation is within `goal_radius` of
-        its goal, its plans (tokens (G, B, H, T), in place) start with the best of
+        its goal, its `plans` (tokens (G, B, H, T), in place) start with the best of
         `goal_tries` actions drawn uniformly over the bins from `generators[g]`. Each action is
         judged by where the model expects it to lead: after it, the most likely reward, value
         and observation tokens are fed back one at a time, and the expected values of the next
         position (and of its velocity, with `goal_velocity`) give `_lookahead_distance`.
 
-        Every env of the group is judged (a mask, not an index, so nothing waits on the
-        device); each try runs the whole sequence again, a few tokens longer each time, which
-        is cheap beside the search for a context of a transition or a few."""
+        Every env draws its tries, held or not, so that its random numbers do not depend on
+        where the others are. On the CPU only the held envs are judged; on a GPU every env is,
+        and the mask picks, so that nothing waits on the device. Each token runs the whole
+        sequence again, a few tokens longer each time: cheap beside the search for a context
+        of a transition or a few."""
         c, n_obs, n_act = self.config, self.observation_dim, self.action_dim
-        G, L = context.shape
         K, N = c.goal_tries, self.model.config.n_bins
-        held = self._at_goal(context[:, L - n_obs :], c.goal_radius)  # (G,)
+        held = self._at_goal(context[:, context.shape[1] - n_obs :], c.goal_radius)  # (G,)
         draws = [
             torch.randint(N, (K, n_act), generator=generator, device=self.device)
             for generator in generators
         ]
         actions = torch.stack(draws)  # (G, K, A)
+        envs = None
+        if self.device.type == "cpu":
+            envs = held.nonzero()[:, 0]
+            if len(envs) == 0:
+                return
+            context, actions = context[envs], actions[envs]
+            real = None if real is None else real[envs]
+        G, L = context.shape
         sequence = torch.cat([context[:, None].expand(G, K, L), actions], dim=-1)
         sequence = sequence.reshape(G * K, L + n_act)
         values = None
@@ -832,8 +841,13 @@ class BeamPlanner:
         desired = self.discretizer.decode(context[:, L - n_obs :][:, goals.desired], goals.desired)
         distance = self._lookahead_distance(positions, speeds, desired[:, None])  # (G, K)
         best = actions[torch.arange(G, device=self.device), distance.argmin(dim=-1)]  # (G, A)
-        first = tokens[:, :, 0, n_obs : n_obs + n_act]  # (G, B, A)
-        first.copy_(torch.where(held[:, None, None], best[:, None], first))
+        first = slice(n_obs, n_obs + n_act)
+        if envs is None:
+            plans[:, :, 0, first] = torch.where(
+                held[:, None, None], best[:, None], plans[:, :, 0, first]
+            )
+        else:
+            plans[envs, :, 0, first] = best[:, None]
 
     def _lookahead_distance(
         self, positions: torch.Tensor, velocity: torch.Tensor | None, desired: torch.Tensor

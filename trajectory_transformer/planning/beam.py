@@ -796,8 +796,8 @@ class BeamPlanner:
         Every env draws its tries, held or not, so that its random numbers do not depend on
         where the others are. On the CPU only the held envs are judged; on a GPU every env is,
         and the mask picks, so that nothing waits on the device. Each token runs the whole
-        sequence again, a few tokens longer each time: cheap beside the search for a context
-        of a transition or a few."""
+        sequence again, without the cache: a held step costs many times a search step
+        (docs/planning.md, "At the goal")."""
         c, n_obs, n_act = self.config, self.observation_dim, self.action_dim
         K, N = c.goal_tries, self.model.config.n_bins
         held = self._at_goal(context[:, context.shape[1] - n_obs :], c.goal_radius)  # (G,)

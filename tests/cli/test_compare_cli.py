@@ -1,6 +1,7 @@
 """`tt-compare` end to end on a tiny dataset, with Hydra's local launchers."""
 
 import csv
+import datetime
 import fcntl
 import json
 import os
@@ -114,6 +115,9 @@ def check_records_of(run_dir):
     command = agents["provenance"]["commands"][0]
     assert command.startswith("tt-compare compare.n=1 ") and "hydra.run.dir" not in command
     assert agents["provenance"]["commits"] == ["abc1234"]
+    today = datetime.date.today()
+    just_evaluated = [[day.isoformat()] for day in (today, today - datetime.timedelta(days=1))]
+    assert agents["provenance"]["dates"] in just_evaluated
     (decision,) = render_results.load("tiny-decisions", records)["rows"]
     assert decision[0] == "planner vs bc"
     assert decision[4] == "equal (not told apart within this budget) after 1 interim"
@@ -415,12 +419,16 @@ def test_a_failed_job_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
 
 
 # The job's command: Ctrl-C is Python's KeyboardInterrupt, unless the signal is ignored; it
-# takes a moment to write its checkpoint (as tt-train does), then exits with 130.
+# takes a moment to write its checkpoint (as tt-train does), then exits with 130. It waits in
+# short steps, as a training's steps are: a Ctrl-C that reaches one long sleep just after the
+# SIGCONT that resumed it runs its C handler while the kernel resumes the sleep, and Python
+# would raise KeyboardInterrupt only once that sleep ended.
 CHECKPOINTING_CHILD = """
 import os, pathlib, sys, time
 pathlib.Path({ready!r}).write_text(str(os.getpid()))
 try:
-    time.sleep(60)
+    for _ in range(600):
+        time.sleep(0.1)
 except KeyboardInterrupt:
     time.sleep(1.0)
     pathlib.Path({saved!r}).write_text("step 7")
@@ -499,7 +507,7 @@ class FakeSweep:
         self.command, self.preexec_fn, self.process_group = command, preexec_fn, process_group
         return self
 
-    def wait(self):
+    def poll(self):
         self.act()
         return 0
 

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -246,6 +247,9 @@ INTERRUPTED = "interrupted"
 """Left in a sweep's folder by a job that Ctrl-C stopped: the sweep's jobs not yet started then
 start nothing (a launcher's workers may go on taking jobs), and the comparison ends."""
 
+SWEEP_POLL_SECONDS = 0.1
+"""How often tt-compare looks whether its sweep has ended, and so the longest a stop can wait."""
+
 INTERRUPTED_MESSAGE = (
     "interrupted: the trainings that were running wrote their checkpoints, and finished "
     "trainings and evaluations are kept. Run the same command again to continue."
@@ -312,7 +316,11 @@ def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
     }
     previous = {number: signal.signal(number, handler) for number, handler in handlers.items()}
     try:
-        sweep.wait()
+        # Polled, not one blocking wait: Python runs a handler between bytecodes, so a stop
+        # that arrives just after another handler's last one (`fg`'s SIGCONT) and before the
+        # wait resumes would sit in a blocking waitpid until the sweep ended by itself.
+        while sweep.poll() is None:
+            time.sleep(SWEEP_POLL_SECONDS)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

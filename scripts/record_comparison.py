@@ -158,11 +158,14 @@ def command_of(run_dir: Path) -> str:
     return shlex.join(["tt-compare", *kept])
 
 
-def evaluation_dates(run_dir: Path) -> list[str]:
-    """The days on which the run's evaluations finished (their results' modification dates)."""
+def evaluation_dates(run_dir: Path, scores: dict[str, dict[int, float]]) -> list[str]:
+    """The days on which the run's evaluations of `scores` (each agent's per training seed)
+    finished: their results' modification dates."""
     stamps = {
         datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
-        for path in (run_dir / "evaluations").glob("*/*/results.json")
+        for agent, by_seed in scores.items()
+        for seed in by_seed
+        if (path := evaluation_dir(run_dir, agent, seed) / "results.json").is_file()
     }
     return sorted(stamps)
 
@@ -170,16 +173,16 @@ def evaluation_dates(run_dir: Path) -> list[str]:
 def write_records(run_dir: Path, record: Path, machine: str, commit: str | None) -> list[Path]:
     state = json.loads((run_dir / "compare.json").read_text())
     dataset = state["spec"]["dataset"]
+    by_agent = scores_by_agent(state["scores"])
     provenance = {
         "commands": [command_of(run_dir)],
         "machines": [machine],
-        "dates": evaluation_dates(run_dir),
+        "dates": evaluation_dates(run_dir, by_agent),
     }
     if commit:
         provenance["commits"] = [commit]
     unit = "normalised score" if state.get("normalized") else "return"
     agents = read_rows(run_dir / "agents.csv")
-    by_agent = scores_by_agent(state["scores"])
     tables = {
         "agents": (
             f"{dataset}: each agent's {unit} over its training seeds",

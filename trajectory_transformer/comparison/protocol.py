@@ -399,14 +399,14 @@ def plan_interim(
                     job = Job(
                         "train",
                         [*spec.training_overrides(agent), f"seed={own_seed}"],
-                        str(trainings_root / "trainings" / key / f"seed{own_seed}"),
+                        str(training_dir(trainings_root, "train", key, own_seed)),
                     )
                 else:
                     key = spec.critic_key(agent, critic_dataset)
                     job = Job(
                         "critic",
                         [*spec.critic_overrides(agent, critic_dataset), f"seed={own_seed}"],
-                        str(trainings_root / "critics" / key / f"seed{own_seed}"),
+                        str(training_dir(trainings_root, "critic", key, own_seed)),
                     )
                 uses[agent.name][seed][need] = trainings.setdefault((key, seed), job)
                 trained[need] = uses[agent.name][seed][need].checkpoint
@@ -434,6 +434,16 @@ def plan_interim(
                 str(evaluation_dir(root, agent.name, seed)),
             )
     return Interim(index, list(trainings.values()), evaluations, wanted - len(trainings), uses)
+
+
+TRAINING_FOLDERS = {"train": "trainings", "critic": "critics"}
+"""The folder under a comparison's `trainings_root` that holds each kind of training."""
+
+
+def training_dir(root: Path, kind: str, key: str, seed: int) -> Path:
+    """Where the trainings under `root` keep the `kind` ("train" or "critic") of settings `key`
+    (named by its overrides) trained with seed `seed`."""
+    return root / TRAINING_FOLDERS[kind] / key / f"seed{seed}"
 
 
 def evaluation_dir(root: Path, agent: str, seed: int) -> Path:

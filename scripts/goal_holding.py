@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from render_results import RECORDS, write_measured
 
-from trajectory_transformer.checkpoint import value_targets_of
+from trajectory_transformer.checkpoint import load_checkpoint, value_targets_of
 from trajectory_transformer.cli.common import planner_settings
 from trajectory_transformer.data.goals import GoalLayout
 from trajectory_transformer.evaluation.agent import PlanningAgent
@@ -112,16 +112,17 @@ def returns_had_it_stayed(
     )
 
 
-def model_name(planner: BeamPlanner) -> str:
-    """The model as the table names it: its dataset, bins, value discount, training seed and
-    training steps (the latter two where its checkpoint's config names them)."""
+def model_name(planner: BeamPlanner, trained_steps: int | None) -> str:
+    """The model as the table names it: its dataset, bins, value discount, training seed (where
+    its checkpoint's config names it) and the steps it was trained for (where known: a
+    training stopped early has fewer than it planned)."""
     bins = planner.discretizer.edges.shape[1] - 1
     discount, _ = value_targets_of(planner.training_config)
     name = f"{planner.dataset.dataset_id}, {bins} bins, discount {discount:g}"
     if (seed := planner.training_config.get("seed")) is not None:
         name += f", seed {seed}"
-    if (steps := planner.training_config.get("trainer", {}).get("max_steps")) is not None:
-        name += f", {steps:,} steps"
+    if trained_steps is not None:
+        name += f", {trained_steps:,} steps"
     return name
 
 
@@ -140,6 +141,7 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
+    trained_steps = (load_checkpoint(checkpoint).training or {}).get("step")
     info = planner.dataset
     try:
         goals = GoalLayout.of(None if info is None else info.observation_layout)
@@ -175,7 +177,7 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
         return ["", ""] if means is None else [f"{means[0]:.3f}", f"{means[1]:.3f}"]
 
     return [
-        model_name(planner),
+        model_name(planner, trained_steps),
         ", ".join(f"`{override}`" for override in overrides),
         f"{position_bin(planner, goals.achieved):.3f}",
         f"{summary['normalized_score_mean']:.1f} ± {summary['normalized_score_stderr']:.1f}",

@@ -232,15 +232,19 @@ def held_planner(checkpoint, value_inputs: bool, **settings) -> BeamPlanner:
     )
 
 
+@pytest.mark.parametrize("every_env", [False, True], ids=["held-envs", "every-env"])
 @pytest.mark.parametrize("value_inputs", [False, True])
 @torch.inference_mode()
 def test_with_goal_tries_an_env_at_its_goal_plays_the_tried_action_expected_to_stay_closest(
-    maze_checkpoint, value_inputs
+    maze_checkpoint, value_inputs, every_env
 ):
+    """On the CPU only the held envs are judged; on a GPU every env is, and a mask picks
+    (`every_env`, run here on the CPU)."""
     observations = goal_and_start()
     plans = {}
     for tries in (None, 6):
         planner = held_planner(maze_checkpoint, value_inputs, goal_tries=tries)
+        planner._hold_judges_every_env = every_env
         planner.reset(2, seed=3)
         plans[tries] = planner.plan(observations)
     searched, held = plans[None], plans[6]

@@ -189,6 +189,9 @@ class BeamPlanner:
             raise ValueError(f"planner.decode=fused cannot run here: {reason}")
         # What is captured as a CUDA graph: nothing off CUDA.
         self.cuda_graph = self.config.cuda_graph if self.device.type == "cuda" else "none"
+        # `goal_tries` on a device judges every env and masks: picking the held ones would
+        # wait on the device to read which they are.
+        self._hold_judges_every_env = self.device.type != "cpu"
         self.autoreset_mode = gym.vector.AutoresetMode.NEXT_STEP  # gymnasium's default
         # Captured or compiled decode steps and searches by shape, over `_cache`'s buffers.
         self._captures: OrderedDict[tuple, object] = OrderedDict()
@@ -795,7 +798,7 @@ class BeamPlanner:
 
         Every env draws its tries, held or not, so that its random numbers do not depend on
         where the others are. On the CPU only the held envs are judged; on a GPU every env is,
-        and the mask picks, so that nothing waits on the device. Each token runs the whole
+        and the mask picks (`_hold_judges_every_env`). Each token runs the whole
         sequence again, without the cache: a held step costs many times a search step
         (docs/planning.md, "At the goal")."""
         c, n_obs, n_act = self.config, self.observation_dim, self.action_dim
@@ -807,7 +810,7 @@ class BeamPlanner:
         ]
         actions = torch.stack(draws)  # (G, K, A)
         envs = None
-        if self.device.type == "cpu":
+        if not self._hold_judges_every_env:
             envs = held.nonzero()[:, 0]
             if len(envs) == 0:
                 return

@@ -554,9 +554,9 @@ except KeyboardInterrupt:
 """
 
 
-def start_comparison(tmp_path: Path) -> subprocess.Popen:
+def start_comparison(tmp_path: Path, before=compare_cli.answer_interrupts) -> subprocess.Popen:
     """The comparison above, its job's pid written to `ready` once it sleeps, its checkpoint to
-    `saved`."""
+    `saved`; `before` runs in its process before it starts."""
     child = CHECKPOINTING_CHILD.format(saved=str(tmp_path / "saved"), ready=str(tmp_path / "ready"))
     script = LAUNCHING_COMPARISON.format(
         child=child, run_dir=str(tmp_path / "evaluation0"), root=str(tmp_path)
@@ -566,15 +566,15 @@ def start_comparison(tmp_path: Path) -> subprocess.Popen:
         start_new_session=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        preexec_fn=compare_cli.answer_interrupts,
+        preexec_fn=before,
     )
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_stop_sent_to_the_comparison_alone_reaches_its_trainings(tmp_path, stop):
-    """A scheduler's SIGTERM, or `kill -INT`, reaches tt-compare's process alone, not its
-    sweep's: it passes the stop on as Ctrl-C, waits for the training's checkpoint, and ends the
-    comparison; the sweep is not left running."""
+    """A scheduler's SIGTERM, `kill -INT`, or a closed terminal's SIGHUP reaches tt-compare's
+    process alone, not its sweep's: it passes the stop on as Ctrl-C, waits for the training's
+    checkpoint, and ends the comparison; the sweep is not left running."""
     comparison = start_comparison(tmp_path)
     # The signal to the comparison's process alone.
     stdout, stderr = stop_when_ready(
@@ -582,6 +582,27 @@ def test_a_stop_sent_to_the_comparison_alone_reaches_its_trainings(tmp_path, sto
     )
     assert (tmp_path / "saved").read_text() == "step 7", stderr.decode()[-2000:]
     assert comparison.returncode == 130 and b"stopped" in stdout, stderr.decode()[-2000:]
+
+
+def test_under_nohup_a_sighup_stops_nothing(tmp_path):
+    """`nohup tt-compare ...` ignores SIGHUP, and so do its sweep and jobs: a closed terminal
+    leaves the comparison running."""
+
+    def as_nohup_starts_it() -> None:
+        compare_cli.answer_interrupts()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    comparison = start_comparison(tmp_path, as_nohup_starts_it)
+
+    def hang_up_then_stop() -> None:
+        os.kill(comparison.pid, signal.SIGHUP)
+        time.sleep(2.0)  # an interrupted job would have written its checkpoint by now
+        assert comparison.poll() is None and not (tmp_path / "saved").exists()
+        os.kill(comparison.pid, signal.SIGTERM)
+
+    stdout, stderr = stop_when_ready(comparison, tmp_path / "ready", hang_up_then_stop)
+    assert (tmp_path / "saved").read_text() == "step 7", stderr.decode()[-2000:]
+    assert comparison.returncode == 130 and b"stopped" in stdout
 
 
 def process_state(pid: int) -> str:

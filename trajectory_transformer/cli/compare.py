@@ -292,8 +292,10 @@ def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
     asked to stop meanwhile. Ctrl-C and SIGTERM to this process alone (a terminal's Ctrl-C, a
     scheduler's or `kill`'s SIGTERM) are passed on to the sweep's whole group as Ctrl-C, which
     its trainings answer by writing their checkpoints: the sweep is waited for, never left
-    running as orphans. A second stop is passed on too, and stops them at once. A terminal's
-    Ctrl-Z pauses the sweep with this process, and `fg` or `bg` resumes both."""
+    running as orphans. So is a closed terminal's SIGHUP, which reaches only the terminal's
+    foreground group, unless this process ignores it (`nohup`: the sweep ignores it too). A
+    second stop is passed on too, and stops them at once. A terminal's Ctrl-Z pauses the
+    sweep with this process, and `fg` or `bg` resumes both."""
     stops = []
 
     def to_sweep(signum: int) -> None:
@@ -314,6 +316,8 @@ def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
         signal.SIGTSTP: pause,
         signal.SIGCONT: lambda signum, frame: to_sweep(signal.SIGCONT),
     }
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        handlers[signal.SIGHUP] = pass_on
     previous = {number: signal.signal(number, handler) for number, handler in handlers.items()}
     try:
         # Polled, not one blocking wait: Python runs a handler between bytecodes, so a stop

@@ -554,7 +554,14 @@ except KeyboardInterrupt:
 """
 
 
-def start_comparison(tmp_path: Path, before=compare_cli.answer_interrupts) -> subprocess.Popen:
+def as_a_terminal_starts_it() -> None:
+    """A shell in a terminal starts its commands answering Ctrl-C and SIGHUP, whatever this
+    test run ignores (a run under `nohup` ignores SIGHUP)."""
+    compare_cli.answer_interrupts()
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def start_comparison(tmp_path: Path, before=as_a_terminal_starts_it) -> subprocess.Popen:
     """The comparison above, its job's pid written to `ready` once it sleeps, its checkpoint to
     `saved`; `before` runs in its process before it starts."""
     child = CHECKPOINTING_CHILD.format(saved=str(tmp_path / "saved"), ready=str(tmp_path / "ready"))
@@ -589,7 +596,7 @@ def test_under_nohup_a_sighup_stops_nothing(tmp_path):
     leaves the comparison running."""
 
     def as_nohup_starts_it() -> None:
-        compare_cli.answer_interrupts()
+        as_a_terminal_starts_it()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     comparison = start_comparison(tmp_path, as_nohup_starts_it)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from render_results import RECORDS, write_measured
 
-from trajectory_transformer.checkpoint import load_checkpoint, value_targets_of
+from trajectory_transformer.checkpoint import checkpoint_file, read_payload, value_targets_of
 from trajectory_transformer.cli.common import planner_settings
 from trajectory_transformer.data.goals import GoalLayout
 from trajectory_transformer.evaluation.agent import PlanningAgent
@@ -141,7 +141,8 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
-    trained_steps = (load_checkpoint(checkpoint).training or {}).get("step")
+    # The training state alone: the planner above has built the model already.
+    trained_steps = (read_payload(checkpoint_file(checkpoint))["training"] or {}).get("step")
     info = planner.dataset
     try:
         goals = GoalLayout.of(None if info is None else info.observation_layout)

@@ -208,15 +208,23 @@ def expected_lookahead(planner, context: torch.Tensor, real: torch.Tensor, actio
     return float((ahead - goal).norm())
 
 
-def held_planner(checkpoint, value_inputs: bool, **settings) -> BeamPlanner:
+INPUTS = {
+    "tokens": {},
+    "values": {"value_inputs": True},
+    "observation-vector": {"value_inputs": True, "observation_vector": True},
+}
+"""What a held planner's model takes: its tokens alone; their real values too; and with them
+each transition's observation as one vector."""
+
+
+def held_planner(checkpoint, inputs: str = "tokens", **settings) -> BeamPlanner:
     """The maze checkpoint's planner over a model of its shape with seeded random weights,
-    large enough that the next position depends on the action; with `value_inputs`, a model
-    that takes the tokens' real values too."""
+    large enough that the next position depends on the action, taking `inputs` (`INPUTS`)."""
     planner = BeamPlanner.from_checkpoint(checkpoint, **{**SETTINGS, **HOLD, **settings})
-    config = dataclasses.replace(planner.model.config, value_inputs=value_inputs)
+    config = dataclasses.replace(planner.model.config, **INPUTS[inputs])
     torch.manual_seed(1)
     model = TrajectoryGPT(config).eval()
-    if value_inputs:
+    if config.value_inputs:
         set_discretizer_values(model, planner.discretizer)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -233,17 +241,17 @@ def held_planner(checkpoint, value_inputs: bool, **settings) -> BeamPlanner:
 
 
 @pytest.mark.parametrize("every_env", [False, True], ids=["held-envs", "every-env"])
-@pytest.mark.parametrize("value_inputs", [False, True])
+@pytest.mark.parametrize("inputs", list(INPUTS))
 @torch.inference_mode()
 def test_with_goal_tries_an_env_at_its_goal_plays_the_tried_action_expected_to_stay_closest(
-    maze_checkpoint, value_inputs, every_env
+    maze_checkpoint, inputs, every_env
 ):
     """On the CPU only the held envs are judged; on a GPU every env is, and a mask picks
     (`every_env`, run here on the CPU)."""
     observations = goal_and_start()
     plans = {}
     for tries in (None, 6):
-        planner = held_planner(maze_checkpoint, value_inputs, goal_tries=tries)
+        planner = held_planner(maze_checkpoint, inputs, goal_tries=tries)
         planner._hold_judges_every_env = every_env
         planner.reset(2, seed=3)
         plans[tries] = planner.plan(observations)
@@ -256,7 +264,7 @@ def test_with_goal_tries_an_env_at_its_goal_plays_the_tried_action_expected_to_s
     assert (first == first[0]).all()
     # The tries are env 0's next draws after its search: drawn again from a copy of its
     # generator, each judged by the plain reference.
-    replay = held_planner(maze_checkpoint, value_inputs)
+    replay = held_planner(maze_checkpoint, inputs)
     replay.reset(2, seed=3)
     replay.plan(observations)
     tries = torch.randint(planner.model.config.n_bins, (6, n_act), generator=replay.generators[0])

@@ -755,13 +755,21 @@ class BeamPlanner:
             scores = self._stay_at_goal(beams.tokens, h, scores, at_goal)
         return scores
 
-    def _at_goal(self, tokens: torch.Tensor, radius: float) -> torch.Tensor:
+    def _at_goal(
+        self, tokens: torch.Tensor, radius: float, desired: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Whether the position of each row's observation (its first O tokens) is within
-        `radius` of its goal (rows,)."""
-        goals, decode = self.goals, self.discretizer.decode
-        desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
-        now = decode(tokens[:, goals.achieved], goals.achieved)
+        `radius` of its goal (rows,); `desired`, the goals (rows, G), where the caller has
+        them decoded already (`_desired_goals`)."""
+        goals = self.goals
+        if desired is None:
+            desired = self._desired_goals(tokens)
+        now = self.discretizer.decode(tokens[:, goals.achieved], goals.achieved)
         return (now - desired).norm(dim=-1) <= radius
+
+    def _desired_goals(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The goal (rows, G) of each row's observation (its first O tokens)."""
+        return self.discretizer.decode(tokens[:, self.goals.desired], self.goals.desired)
 
     def _stay_at_goal(
         self, tokens: torch.Tensor, h: int, scores: torch.Tensor, at_goal: torch.Tensor
@@ -773,7 +781,7 @@ class BeamPlanner:
         velocity for `goal_lookahead`, so that it stops on the goal; elsewhere `scores`
         (rows,)."""
         goals, decode, T = self.goals, self.discretizer.decode, self.transition_dim
-        desired = decode(tokens[:, goals.desired], goals.desired)  # (rows, G)
+        desired = self._desired_goals(tokens)  # (rows, G)
         planned = tokens[:, : (h + 1) * T].view(-1, h + 1, T)
         positions = decode(planned[:, :, goals.achieved], goals.achieved)  # (rows, h + 1, G)
         velocity = None
@@ -798,12 +806,12 @@ class BeamPlanner:
 
         Every env draws its tries, held or not, so that its random numbers do not depend on
         where the others are. On the CPU only the held envs are judged; on a GPU every env is,
-        and the mask picks (`_hold_judges_every_env`). Each token runs the whole
-        sequence again, without the cache: a held step costs many times a search step
-        (docs/planning.md, "At the goal")."""
+        and the mask picks (`_hold_judges_every_env`)."""
         c, n_obs, n_act = self.config, self.observation_dim, self.action_dim
         K, N = c.goal_tries, self.model.config.n_bins
-        held = self._at_goal(context[:, context.shape[1] - n_obs :], c.goal_radius)  # (G,)
+        observation = context[:, context.shape[1] - n_obs :]  # (G, O)
+        desired = self._desired_goals(observation)  # (G, goal dims)
+        held = self._at_goal(observation, c.goal_radius, desired)  # (G,)
         draws = [
             torch.randint(N, (K, n_act), generator=generator, device=self.device)
             for generator in generators
@@ -814,34 +822,45 @@ class BeamPlanner:
             envs = held.nonzero()[:, 0]
             if len(envs) == 0:
                 return
-            context, actions = context[envs], actions[envs]
+            context, actions, desired = context[envs], actions[envs], desired[envs]
             real = None if real is None else real[envs]
         G, L = context.shape
-        sequence = torch.cat([context[:, None].expand(G, K, L), actions], dim=-1)
-        sequence = sequence.reshape(G * K, L + n_act)
-        values = None
-        if self.model.config.value_inputs:
-            decoded = self.discretizer.decode(actions, slice(n_obs, n_obs + n_act))
-            values = torch.cat([real[:, None].expand(G, K, L), decoded], dim=-1)
-            values = values.reshape(G * K, L + n_act)
-        # Then the reward and the value, and the next observation up to the last column read.
+        # Then the reward and the value, and the next observation up to the last column read,
+        # each the likeliest token fed back: a decode step each, over a cache whose shared
+        # prefix is each env's context and whose K rows per env start with its tries.
         goals, velocity = self.goals, self.goal_velocity
         last = max(goals.achieved.stop, velocity.stop if velocity is not None else 0)
         columns = [n_obs + n_act, n_obs + n_act + 1, *range(last)]
+        cache = self.model.new_shared_prefix_cache(
+            prefix_rows=G,
+            rows_per_prefix=K,
+            rows=G * K,
+            prefix_len=L,
+            own_len=n_act + len(columns) - 1,  # the tries and every token fed back
+        )
+        self.model.prefill(context, cache, values=real)
+        observation = None  # the tries' transition's vector, with `observation_vector`
+        if self.model.config.observation_vector:
+            observation = self._current_observation_vectors(context, real)
+            observation = observation.repeat_interleave(K, dim=0)  # (G*K, d): row r is env r // K
+        tries = actions.reshape(G * K, n_act)
+        action_values = None
+        if self.model.config.value_inputs:
+            action_values = self.discretizer.decode(tries, slice(n_obs, n_obs + n_act))
+        logits = self.model.prefill(
+            tries, cache, start=L, values=action_values, observation=observation
+        )[:, -1]  # (G*K, N)
+        step = self.model.decoder(cache)
         expected = torch.zeros(G * K, last, device=self.device)
-        for column in columns:
-            logits = self.model(sequence, values)[:, -1]  # (G*K, N)
+        for i, column in enumerate(columns):
             token = logits.argmax(dim=-1)  # (G*K,)
             if column < n_obs:
                 probs = logits.softmax(dim=-1)
                 expected[:, column] = self.discretizer.expectation(probs, column)
-            sequence = torch.cat([sequence, token[:, None]], dim=1)
-            if values is not None:
-                value = self.discretizer.decode(token[:, None], slice(column, column + 1))
-                values = torch.cat([values, value], dim=1)
+            if i + 1 < len(columns):  # the next column's logits, after this token
+                logits = step(token, L + n_act + i, observation)
         positions = expected[:, goals.achieved].view(G, K, 1, -1)
         speeds = None if velocity is None else expected[:, velocity].view(G, K, 1, -1)
-        desired = self.discretizer.decode(context[:, L - n_obs :][:, goals.desired], goals.desired)
         distance = self._lookahead_distance(positions, speeds, desired[:, None])  # (G, K)
         best = actions[torch.arange(G, device=self.device), distance.argmin(dim=-1)]  # (G, A)
         first = slice(n_obs, n_obs + n_act)

@@ -6,7 +6,7 @@
         [--record planning-cpu/<name>]
 
 Each env is where one of the dataset's episodes ends (its final observation), its desired
-goal set to where it is, so that every env is held and moves as the data moves there. An
+goal set to where it is, so that every env is held, moving as the data moves there. An
 untimed step gives each env one past transition, as in an episode; then the settings take
 turns, one timed plan call (`act`, with `plan_every=1`) each, `--reps` rounds, so that a busy
 machine slows them alike. Prints a table, one row per setting: the median milliseconds per
@@ -38,16 +38,23 @@ COLUMNS = ["hold", "ms per plan call", "ms per env", "against the search alone"]
 
 
 def at_goal_observations(planner: BeamPlanner, envs: int) -> np.ndarray:
-    """The final observations (envs, O) of the planner's dataset's first `envs` episodes, each
-    desired goal set to the achieved one."""
+    """Observations (envs, O) held at their goals: the final observations of the planner's
+    dataset's episodes, each desired goal set to the achieved one, the first `envs` that
+    the planner's bins keep within `goal_radius` (a goal near the edge of the data's goals
+    may fall in a bin away from its position)."""
     episodes, info = load_episodes(planner.dataset.dataset_id)
-    finals = episodes.final_observations
-    if finals is None or len(finals) < envs:
-        raise SystemExit(f"{info.dataset_id} has no {envs} final observations")
+    if episodes.final_observations is None:
+        raise SystemExit(f"{info.dataset_id} stores no final observations")
     goals = GoalLayout.of(info.observation_layout)
-    observations = finals[:envs].copy()
+    observations = episodes.final_observations.copy()
     observations[:, goals.desired] = observations[:, goals.achieved]
-    return observations
+    decode, dims = planner.discretizer, slice(0, planner.observation_dim)
+    seen = decode.decode(decode.encode(torch.as_tensor(observations), dims), dims).numpy()
+    distance = np.linalg.norm(seen[:, goals.achieved] - seen[:, goals.desired], axis=1)
+    held = observations[distance <= planner.config.goal_radius]
+    if len(held) < envs:
+        raise SystemExit(f"{info.dataset_id} has {len(held)} episode ends held, not {envs}")
+    return held[:envs]
 
 
 def library_version() -> str:
@@ -120,10 +127,11 @@ def main(argv: list[str] | None = None) -> list[list[str]]:
         print(" | ".join(rows[-1]), flush=True)
     if args.record:
         path = RECORDS / f"{args.record}.json"
+        envs = f"{args.envs} envs, each" if args.envs > 1 else "1 env,"
         note = (
-            f"{args.envs} envs, each at the final observation of one of the dataset's episodes "
-            f"with its goal set there (held); medians of {args.reps} plan calls, the "
-            f"settings taking turns, {args.threads} torch thread(s); {library_version()}"
+            f"{envs} at the final observation of one of the dataset's episodes with its goal set "
+            f"there (held); medians of {args.reps} plan calls, the settings taking turns, "
+            f"{args.threads} torch thread(s); {library_version()}"
         )
         title = "The plan calls of envs held at their goals"
         write_measured(path, title, Path(__file__).name, note, COLUMNS, rows)

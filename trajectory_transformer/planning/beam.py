@@ -809,9 +809,9 @@ class BeamPlanner:
         and the mask picks (`_hold_judges_every_env`)."""
         c, n_obs, n_act = self.config, self.observation_dim, self.action_dim
         K, N = c.goal_tries, self.model.config.n_bins
-        observation = context[:, context.shape[1] - n_obs :]  # (G, O)
-        desired = self._desired_goals(observation)  # (G, goal dims)
-        held = self._at_goal(observation, c.goal_radius, desired)  # (G,)
+        current = context[:, context.shape[1] - n_obs :]  # (G, O): the current observations
+        desired = self._desired_goals(current)  # (G, goal dims)
+        held = self._at_goal(current, c.goal_radius, desired)  # (G,)
         draws = [
             torch.randint(N, (K, n_act), generator=generator, device=self.device)
             for generator in generators

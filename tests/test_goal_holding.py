@@ -73,3 +73,14 @@ def test_a_trained_model_is_named_with_its_seed():
     assert goal_holding.model_name(planner, 12000) == (
         "pointmaze/medium-v0, 100 bins, discount 0.99, seed 3, 12,000 steps"
     )
+
+
+def test_a_model_trained_on_windows_that_reach_their_goals_says_so():
+    from trajectory_transformer.planning import BeamPlanner
+
+    planner = BeamPlanner.from_checkpoint("pretrained:pointmaze/medium-v0")
+    config = planner.training_config
+    planner.training_config = {**config, "dataset": {**config["dataset"], "relabel_reached": 0.25}}
+    assert goal_holding.model_name(planner, 8000) == (
+        "pointmaze/medium-v0, 100 bins, discount 0.99, relabel_reached 0.25, seed 0, 8,000 steps"
+    )

@@ -30,7 +30,6 @@ import torch
 from render_results import RECORDS, write_measured
 
 from trajectory_transformer.cli.common import planner_settings
-from trajectory_transformer.data.goals import GoalLayout
 from trajectory_transformer.data.minari_source import load_episodes
 from trajectory_transformer.planning import BeamPlanner
 
@@ -39,21 +38,22 @@ COLUMNS = ["hold", "ms per plan call", "ms per env", "against the search alone"]
 
 def at_goal_observations(planner: BeamPlanner, envs: int) -> np.ndarray:
     """Observations (envs, O) held at their goals: the final observations of the planner's
-    dataset's episodes, each desired goal set to the achieved one, the first `envs` that
-    the planner's bins keep within `goal_radius` (a goal near the edge of the data's goals
-    may fall in a bin away from its position)."""
-    episodes, info = load_episodes(planner.dataset.dataset_id)
+    dataset's episodes, each desired goal set to the achieved one, the first `envs` that the
+    planner holds (`BeamPlanner._at_goal`: a goal near the edge of the data's goals may fall
+    in a bin away from its position)."""
+    dataset_id = planner.dataset.dataset_id
+    episodes, _ = load_episodes(dataset_id)
     if episodes.final_observations is None:
-        raise SystemExit(f"{info.dataset_id} stores no final observations")
-    goals = GoalLayout.of(info.observation_layout)
+        raise SystemExit(f"{dataset_id} stores no final observations")
+    goals = planner.goals
     observations = episodes.final_observations.copy()
     observations[:, goals.desired] = observations[:, goals.achieved]
-    decode, dims = planner.discretizer, slice(0, planner.observation_dim)
-    seen = decode.decode(decode.encode(torch.as_tensor(observations), dims), dims).numpy()
-    distance = np.linalg.norm(seen[:, goals.achieved] - seen[:, goals.desired], axis=1)
-    held = observations[distance <= planner.config.goal_radius]
+    tokens = planner.discretizer.encode(
+        torch.as_tensor(observations), slice(0, planner.observation_dim)
+    )
+    held = observations[planner._at_goal(tokens, planner.config.goal_radius).numpy()]
     if len(held) < envs:
-        raise SystemExit(f"{info.dataset_id} has {len(held)} episode ends held, not {envs}")
+        raise SystemExit(f"{dataset_id} has {len(held)} episode ends held, not {envs}")
     return held[:envs]
 
 

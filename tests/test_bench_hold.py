@@ -21,7 +21,8 @@ def test_every_env_starts_held_at_its_goal(maze_checkpoint):
     observations = bench_hold.at_goal_observations(planner, 1)
     goals = planner.goals
     np.testing.assert_array_equal(observations[:, goals.desired], observations[:, goals.achieved])
-    tokens = planner.discretizer.encode(torch.as_tensor(observations), slice(0, 8))
+    dims = slice(0, planner.observation_dim)
+    tokens = planner.discretizer.encode(torch.as_tensor(observations), dims)
     assert planner._at_goal(tokens, settings["goal_radius"]).all()
     with pytest.raises(SystemExit, match="episode ends held, not 100"):
         bench_hold.at_goal_observations(planner, 100)

@@ -207,6 +207,20 @@ def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_pat
     assert state["finished"] and len(state["scores"]) == 2
     assert "not told apart within this budget" in rest.stdout
 
+    # The three runs' messages outlive their terminal, each under a line naming it.
+    log = (tmp_path / "compare.log").read_text()
+    runs = [run.splitlines() for run in log.split("== ")[1:]]
+    assert [lines[0].split(" tt-compare ")[1].endswith("stop_after=1") for lines in runs] == [
+        True,
+        True,
+        False,
+    ]
+    for run, lines in zip([first, report, rest], runs, strict=True):
+        terminal = run.stdout.splitlines() + run.stderr.splitlines()
+        assert lines[1:] and all(line in terminal for line in lines[1:])
+    assert any(line.startswith("stopped after interim 1 of at most 2") for line in runs[0])
+    assert any("not told apart within this budget" in line for line in runs[2])
+
 
 @pytest.mark.parametrize(
     "override, message",

@@ -18,8 +18,11 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict
+from datetime import datetime
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -572,14 +575,54 @@ def report(spec: ComparisonSpec, state: ComparisonState, root: Path, costs: dict
     print(f"tables and figures: {root}/decisions.csv, agents.csv, comparison_*.png")
 
 
+class Tee:
+    """A text stream that writes to `stream` and to `copy`."""
+
+    def __init__(self, stream, copy) -> None:
+        self.stream, self.copy = stream, copy
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.copy.flush()
+        self.stream.flush()
+
+    def __getattr__(self, name: str):  # isatty, fileno, encoding: the terminal's
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def output_kept_in(path: Path) -> Iterator[None]:
+    """This run's messages (stdout and stderr: interims, decisions, errors) also appended to
+    `path`, under a line naming the run, so that they outlive the terminal that started a
+    comparison of hours. The jobs' own output is in their `job.log`s."""
+    with open(path, "a") as log:
+        started = datetime.now().isoformat(sep=" ", timespec="seconds")
+        log.write(f"== {started} tt-compare {' '.join(sys.argv[1:])}\n")
+        log.flush()
+        with (
+            contextlib.redirect_stdout(Tee(sys.stdout, log)),
+            contextlib.redirect_stderr(Tee(sys.stderr, log)),
+        ):
+            try:
+                yield
+            except Exception as error:  # printed by the command after this ends
+                log.write("".join(traceback.format_exception_only(error)))
+                raise
+
+
 @command("compare")
 def main(cfg: DictConfig) -> None:
     if cfg.job.file is not None:
         run_job(cfg.job.file, cfg.job.index)
-    else:
-        signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop, as Ctrl-C is
+        return
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a stop, as Ctrl-C is
+    root = Path(HydraConfig.get().runtime.output_dir)
+    with output_kept_in(root / "compare.log"):
         try:
-            compare(cfg, Path(HydraConfig.get().runtime.output_dir), launcher_overrides())
+            compare(cfg, root, launcher_overrides())
         except KeyboardInterrupt:
             print(INTERRUPTED_MESSAGE, file=sys.stderr)
             sys.exit(INTERRUPTED_EXIT_CODE)

@@ -18,7 +18,7 @@ from conftest import TINY_TRAINING, create_dataset, run_module
 
 from trajectory_transformer.cli import compare as compare_cli
 from trajectory_transformer.cli.compare import INTERRUPTED, launch, run_job
-from trajectory_transformer.comparison.protocol import Job
+from trajectory_transformer.comparison.protocol import ComparisonError, Job
 
 
 def hydra_list(overrides: list[str]) -> str:
@@ -220,6 +220,21 @@ def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_pat
         assert lines[1:] and all(line in terminal for line in lines[1:])
     assert any(line.startswith("stopped after interim 1 of at most 2") for line in runs[0])
     assert any("not told apart within this budget" in line for line in runs[2])
+
+
+def test_the_log_keeps_what_a_run_said_and_the_error_that_stopped_it(tmp_path, capsys):
+    log = tmp_path / "compare.log"
+    log.write_text("an earlier run\n")
+    with pytest.raises(ComparisonError), compare_cli.output_kept_in(log):
+        print("interim 1/2")
+        print("a warning", file=sys.stderr)
+        raise ComparisonError("2 of 6 jobs did not finish")
+    lines = log.read_text().splitlines()
+    assert lines[0] == "an earlier run" and lines[1].startswith("== ")
+    assert lines[2:4] == ["interim 1/2", "a warning"]
+    assert lines[4].endswith("ComparisonError: 2 of 6 jobs did not finish")
+    captured = capsys.readouterr()  # the terminal is told as before
+    assert (captured.out, captured.err) == ("interim 1/2\n", "a warning\n")
 
 
 @pytest.mark.parametrize(
@@ -549,7 +564,7 @@ LAUNCHING_COMPARISON = """
 import subprocess, sys
 from pathlib import Path
 from trajectory_transformer.cli import compare
-from trajectory_transformer.comparison.protocol import Job
+from trajectory_transformer.comparison.protocol import ComparisonError, Job
 
 child = {child!r}
 sweep = (

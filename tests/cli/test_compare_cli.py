@@ -564,7 +564,7 @@ LAUNCHING_COMPARISON = """
 import subprocess, sys
 from pathlib import Path
 from trajectory_transformer.cli import compare
-from trajectory_transformer.comparison.protocol import ComparisonError, Job
+from trajectory_transformer.comparison.protocol import Job
 
 child = {child!r}
 sweep = (

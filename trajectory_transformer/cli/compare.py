@@ -598,10 +598,11 @@ def output_kept_in(path: Path) -> Iterator[None]:
     """This run's messages (stdout and stderr: interims, decisions, errors) also appended to
     `path`, under a line naming the run, so that they outlive the terminal that started a
     comparison of hours. The jobs' own output is in their `job.log`s."""
-    with open(path, "a") as log:
+    # Line-buffered: each line is on disk as soon as it is said, in order with Hydra's own
+    # log handler on the same file, and kept if the run is killed.
+    with open(path, "a", buffering=1) as log:
         started = datetime.now().isoformat(sep=" ", timespec="seconds")
         log.write(f"== {started} tt-compare {' '.join(sys.argv[1:])}\n")
-        log.flush()
         with (
             contextlib.redirect_stdout(Tee(sys.stdout, log)),
             contextlib.redirect_stderr(Tee(sys.stderr, log)),

@@ -102,7 +102,7 @@ def test_every_dataset_config_composes(name):
         maze = quality.removesuffix("-paper")
         assert cfg.dataset.id == f"pointmaze/{maze}-v0"
         assert cfg.model.embedding_dim == 64  # the demo-sized model
-        assert cfg.trainer.max_steps == {"umaze": 4000, "medium": 6000, "large": 8000}[maze]
+        assert cfg.trainer.max_steps == {"umaze": 4000, "medium": 12000, "large": 8000}[maze]
         assert cfg.model.sequence_transitions == (20 if quality.endswith("-paper") else 10)
     else:
         assert cfg.dataset.id == f"mujoco/{env}/{quality}-v0"

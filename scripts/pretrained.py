@@ -20,6 +20,13 @@ entry, by dataset id:
 
 `--out` writes to another folder (its own `manifest.json`), as `TT_PRETRAINED_DIR` reads one.
 
+    python scripts/pretrained.py rescore pointmaze/umaze-v0 --planner <tt-eval run dir>
+
+scores an installed checkpoint again, its weights and training unchanged: the planner's (or,
+with `--bc`, BC's) score and command are those of a tt-eval run of
+`checkpoint=pretrained:<dataset id>`, and the planner settings are what the new command
+composes to (another planner preset, say).
+
     python scripts/pretrained.py check            # make results
 
 evaluates every pretrained checkpoint again with its manifest's planner and BC commands (`--jobs`
@@ -224,6 +231,38 @@ def add(args: argparse.Namespace) -> Path:
         f"{agreement:.2%} of the most likely tokens, log-probabilities within {moved:.3g})"
     )
     return path
+
+
+def rescore(args: argparse.Namespace) -> None:
+    manifest_path = Path(args.out) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    checkpoints = manifest.get("checkpoints", {})
+    if args.name not in checkpoints:
+        raise SystemExit(
+            f"error: {args.name} is not in {manifest_path} (it has "
+            f"{', '.join(checkpoints) or 'none'}); add a training run with `add`"
+        )
+    runs = {agent: Path(run) for agent, run in (("planner", args.planner), ("bc", args.bc)) if run}
+    if not runs:
+        raise SystemExit("error: give --planner or --bc (or both): the tt-eval runs to score")
+    entry = checkpoints[args.name]
+    for agent, run in runs.items():
+        # The installed weights, not the run they came from: float16 may move a score.
+        played = [o.split("=", 1)[1] for o in overrides_of(run) if o.startswith("checkpoint=")]
+        if played[-1:] != [f"pretrained:{args.name}"]:
+            raise SystemExit(
+                f"error: {run} evaluated checkpoint={played[-1] if played else '(none)'}; "
+                f"score the installed weights: tt-eval checkpoint=pretrained:{args.name} ..."
+            )
+        entry["scores"][agent] = score_of(run)
+    entry["planner_settings"] = planner_settings(args.name, entry["scores"]["planner"])
+    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    for agent in runs:
+        score = entry["scores"][agent]
+        print(
+            f"{args.name} {agent}: {score['normalized_score_mean']} ± "
+            f"{score['normalized_score_stderr']} ({score['command']})"
+        )
 
 
 def agrees(score: float, stderr: float, recorded: dict) -> bool:
@@ -451,6 +490,15 @@ def main(argv: list[str] | None = None) -> int:
         "--machine", default="2-core CPU", help="where it was trained, and what ran beside it"
     )
     adding.add_argument("--out", default=str(REPOSITORY / "pretrained"))
+    rescoring = commands.add_parser(
+        "rescore", help="score an installed checkpoint again (another planner, say)"
+    )
+    rescoring.add_argument("name", help="its dataset id, as the manifest names it")
+    rescoring.add_argument(
+        "--planner", help="tt-eval run dir of checkpoint=pretrained:<name> with the planner"
+    )
+    rescoring.add_argument("--bc", help="tt-eval run dir of checkpoint=pretrained:<name> with BC")
+    rescoring.add_argument("--out", default=str(REPOSITORY / "pretrained"))
     checking = commands.add_parser("check", help="evaluate every pretrained checkpoint again")
     checking.add_argument("--out", default="outputs/results", help="the evaluations' run dirs")
     checking.add_argument(
@@ -478,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         with stopped_as_by_ctrl_c():
             return check(args)
+    if args.command == "rescore":
+        rescore(args)
+        return 0
     add(args)
     return 0
 

@@ -104,6 +104,42 @@ def test_add_stores_float32_weights_when_asked(pretrained, tmp_path):
     assert all(w.dtype == torch.float32 for w in weights if w.is_floating_point())
 
 
+def test_rescore_replaces_a_score_and_the_settings_its_command_composes_to(pretrained, tmp_path):
+    """Another planner for the installed weights: its score, command and planner settings from
+    a tt-eval run of `checkpoint=pretrained:<name>`; BC, the training and the weights kept."""
+    out, _ = pretrained
+    before = json.loads((out / "manifest.json").read_text())["checkpoints"]["test/tiny-v0"]
+    weights = (out / "test-tiny-v0.pt").read_bytes()
+    scores = {"normalized_score_mean": 77.777, "normalized_score_stderr": 1.0, "returns": [3, 4]}
+    searched = ["planner.horizon=2", "planner.beam_width=2", "planner.context_transitions=1"]
+    played = ["checkpoint=pretrained:test/tiny-v0", *searched, "eval.episodes=2"]
+    again = hydra_run(tmp_path / "again", played, scores)
+    script.main(["rescore", "test/tiny-v0", "--planner", str(again), "--out", str(out)])
+    entry = json.loads((out / "manifest.json").read_text())["checkpoints"]["test/tiny-v0"]
+    assert entry["scores"]["planner"] == {
+        "normalized_score_mean": 77.78,
+        "normalized_score_stderr": 1.0,
+        "episodes": 2,
+        "command": "tt-eval checkpoint=pretrained:<dataset id> planner.horizon=2 "
+        "planner.beam_width=2 planner.context_transitions=1 eval.episodes=2",
+    }
+    assert entry["planner_settings"] == {"horizon": 2, "beam_width": 2, "context_transitions": 1}
+    assert BeamPlanner.from_pretrained("test/tiny-v0").config.beam_width == 2
+    unchanged = ("training", "dataset_fingerprint", "weights_dtype", "bytes", "file")
+    assert entry["scores"]["bc"] == before["scores"]["bc"]
+    assert all(entry[key] == before[key] for key in unchanged)
+    assert (out / "test-tiny-v0.pt").read_bytes() == weights
+
+    # A run of other weights (the training run itself) is refused, and so is a name not there.
+    other = hydra_run(tmp_path / "other", ["checkpoint=runs/x", *searched], scores)
+    with pytest.raises(SystemExit, match=r"evaluated checkpoint=runs/x; score the installed"):
+        script.main(["rescore", "test/tiny-v0", "--bc", str(other), "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"hopper/nope-v0 is not in .*it has test/tiny-v0"):
+        script.main(["rescore", "hopper/nope-v0", "--planner", str(again), "--out", str(out)])
+    with pytest.raises(SystemExit, match="give --planner or --bc"):
+        script.main(["rescore", "test/tiny-v0", "--out", str(out)])
+
+
 def test_an_unknown_name_is_refused_with_the_known_ones(pretrained):
     with pytest.raises(CheckpointError, match=r"'hopper/nope-v0'.*test/tiny-v0"):
         BeamPlanner.from_pretrained("hopper/nope-v0")
@@ -301,7 +337,7 @@ INSTALLED = installed_entries()
 def test_each_installed_checkpoint_records_the_planner_settings_its_command_composes_to():
     """`from_pretrained` plans with the manifest's `planner_settings`, `make results` with its
     command: a preset changed since a checkpoint was added parts them, and its scores must be
-    measured again (`scripts/pretrained.py add`)."""
+    measured again (`scripts/pretrained.py add`, or `rescore` for the same weights)."""
     for name, entry in INSTALLED:
         assert entry["planner_settings"] == script.planner_settings(
             name, entry["scores"]["planner"]

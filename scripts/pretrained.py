@@ -75,6 +75,7 @@ from render_results import format_record
 
 from trajectory_transformer.checkpoint import (
     PLANNING_MODEL,
+    PRETRAINED,
     compact_planning_payload,
     pretrained_manifest,
     read_payload,
@@ -249,10 +250,10 @@ def rescore(args: argparse.Namespace) -> None:
     for agent, run in runs.items():
         # The installed weights, not the run they came from: float16 may move a score.
         played = [o.split("=", 1)[1] for o in overrides_of(run) if o.startswith("checkpoint=")]
-        if played[-1:] != [f"pretrained:{args.name}"]:
+        if played[-1:] != [f"{PRETRAINED}{args.name}"]:
             raise SystemExit(
                 f"error: {run} evaluated checkpoint={played[-1] if played else '(none)'}; "
-                f"score the installed weights: tt-eval checkpoint=pretrained:{args.name} ..."
+                f"score the installed weights: tt-eval checkpoint={PRETRAINED}{args.name} ..."
             )
         entry["scores"][agent] = score_of(run)
     entry["planner_settings"] = planner_settings(args.name, entry["scores"]["planner"])

@@ -181,6 +181,16 @@ def commit_of_checkout() -> str:
     ).stdout.strip()
 
 
+def read_manifest(out: Path) -> dict:
+    """The manifest in the folder `out`; empty where it has none yet."""
+    path = out / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def add(args: argparse.Namespace) -> Path:
     run_dir = Path(args.run)
     payload = read_payload(run_dir / PLANNING_MODEL)
@@ -222,11 +232,10 @@ def add(args: argparse.Namespace) -> Path:
         "float16_log_prob_change": round(moved, 4),
         "bytes": path.stat().st_size,
     }
-    manifest_path = out / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = read_manifest(out)
     manifest.setdefault("checkpoints", {})[name] = entry
     manifest["checkpoints"] = dict(sorted(manifest["checkpoints"].items()))
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(out, manifest)
     print(
         f"{name}: {path} ({entry['bytes']:,} bytes, {entry['weights_dtype']}; float16 keeps "
         f"{agreement:.2%} of the most likely tokens, log-probabilities within {moved:.3g})"
@@ -236,7 +245,7 @@ def add(args: argparse.Namespace) -> Path:
 
 def rescore(args: argparse.Namespace) -> None:
     manifest_path = Path(args.out) / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.is_file() else {}
+    manifest = read_manifest(Path(args.out))
     checkpoints = manifest.get("checkpoints", {})
     if args.name not in checkpoints:
         raise SystemExit(
@@ -257,7 +266,7 @@ def rescore(args: argparse.Namespace) -> None:
             )
         entry["scores"][agent] = score_of(run)
     entry["planner_settings"] = planner_settings(args.name, entry["scores"]["planner"])
-    manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(Path(args.out), manifest)
     for agent in runs:
         score = entry["scores"][agent]
         print(

@@ -196,7 +196,9 @@ def draw(played: list[tuple[str, BeamPlanner, Paths]], window: int, still: float
     walls = np.array([[cell == 1 for cell in row] for row in maze_map], dtype=float)
     rows, columns = walls.shape
     extent = (-columns / 2, columns / 2, -rows / 2, rows / 2)
-    fig = Figure(figsize=(0.45 * columns * len(played) + 0.5, 0.45 * rows + 0.8))
+    fig = Figure(
+        figsize=(0.45 * columns * len(played) + 0.5, 0.45 * rows + 1.2), layout="constrained"
+    )
     axes = np.atleast_1d(fig.subplots(1, len(played)))
     for ax, (title, _, paths) in zip(axes, played, strict=True):
         ax.imshow(walls, cmap="Greys", vmin=0, vmax=1.6, extent=extent, origin="upper")
@@ -212,7 +214,6 @@ def draw(played: list[tuple[str, BeamPlanner, Paths]], window: int, still: float
         ax.set_title(title, fontsize=8)
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.tight_layout()
     return fig
 
 

@@ -135,8 +135,9 @@ def position_bin(planner: BeamPlanner, achieved: slice) -> float:
     return float((edges[:, -1] - edges[:, 0]).mean() / (edges.shape[1] - 1))
 
 
-def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> list[str]:
-    """The row of one search: `checkpoint=<...>` and tt-eval's planner overrides."""
+def planner_of(search: list[str]) -> tuple[str, list[str], dict, BeamPlanner]:
+    """One search's checkpoint, tt-eval planner overrides, the settings they compose to, and
+    its planner on the CPU: `search` is `checkpoint=<...>` and those overrides."""
     given = [item for item in search if item.startswith("checkpoint=")]
     if len(given) != 1:
         raise SystemExit(f"each --search names one checkpoint=<...>; got {search}")
@@ -144,6 +145,25 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
+    return checkpoint, overrides, settings, planner
+
+
+def add_search_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--search` (repeated), `--episodes` and `--envs`, as every maze script reads them."""
+    parser.add_argument(
+        "--search",
+        action="append",
+        required=True,
+        help="one row's checkpoint (a run dir, model.pt or pretrained:<dataset id>) and tt-eval "
+        "planner overrides, quoted: 'checkpoint=pretrained:pointmaze/large-v0 planner=maze'",
+    )
+    parser.add_argument("--episodes", type=int, default=20)
+    parser.add_argument("--envs", type=int, default=10, help="envs stepped together")
+
+
+def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> list[str]:
+    """The row of one search: `checkpoint=<...>` and tt-eval's planner overrides."""
+    checkpoint, overrides, settings, planner = planner_of(search)
     # The training state alone: the planner above has built the model already.
     trained_steps = (read_payload(checkpoint_file(checkpoint))["training"] or {}).get("step")
     info = planner.dataset
@@ -208,16 +228,8 @@ def write_record(name: str, rows: list[list[str]], episodes: int, radius: float)
 
 def main(argv: list[str] | None = None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--search",
-        action="append",
-        required=True,
-        help="one row's checkpoint (a run dir, model.pt or pretrained:<dataset id>) and tt-eval "
-        "planner overrides, quoted: 'checkpoint=pretrained:pointmaze/large-v0 planner=maze'",
-    )
-    parser.add_argument("--episodes", type=int, default=20)
+    add_search_arguments(parser)
     parser.add_argument("--radius", type=float, default=1.0, help="what counts as near the goal")
-    parser.add_argument("--envs", type=int, default=10, help="envs stepped together")
     parser.add_argument("--record", help="write the table as this results record")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # one thread, as tt-compare's jobs

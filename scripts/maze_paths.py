@@ -26,12 +26,11 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 import torch
-from goal_holding import model_name
+from goal_holding import add_search_arguments, model_name, planner_of
 from matplotlib.figure import Figure
 from render_results import RECORDS, write_measured
 
 from trajectory_transformer.checkpoint import checkpoint_file, read_payload
-from trajectory_transformer.cli.common import planner_settings
 from trajectory_transformer.evaluation.envs import make_vector_env
 from trajectory_transformer.evaluation.loop import evaluate
 from trajectory_transformer.planning import BeamPlanner
@@ -114,13 +113,7 @@ def cell_kind(maze_map: list[list], cell: tuple[int, int]) -> str:
 def play(search: list[str], episodes: int, envs: int) -> tuple[BeamPlanner, Paths, dict]:
     """Play `episodes` with one search (`checkpoint=<...>` and tt-eval's planner overrides):
     its planner, every episode's path, and tt-eval's summary."""
-    given = [item for item in search if item.startswith("checkpoint=")]
-    if len(given) != 1:
-        raise SystemExit(f"each --search names one checkpoint=<...>; got {search}")
-    checkpoint = given[0].partition("=")[2]
-    overrides = [item for item in search if item not in given]
-    settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
-    planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
+    checkpoint, _, _, planner = planner_of(search)
     info = planner.dataset
     maze = None if info is None else maze_of(info)
     if maze is None or maze[2] is None:
@@ -235,15 +228,7 @@ def write_record(name: str, rows: list[list[str]], args: argparse.Namespace) -> 
 
 def main(argv: list[str] | None = None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--search",
-        action="append",
-        required=True,
-        help="one row's checkpoint (a run dir, model.pt or pretrained:<dataset id>) and tt-eval "
-        "planner overrides, quoted: 'checkpoint=pretrained:pointmaze/large-v0 planner=maze-hold'",
-    )
-    parser.add_argument("--episodes", type=int, default=20)
-    parser.add_argument("--envs", type=int, default=10, help="envs stepped together")
+    add_search_arguments(parser)
     parser.add_argument("--window", type=int, default=100, help="the last steps judged still")
     parser.add_argument("--still", type=float, default=0.1, help="the most a still point moves")
     parser.add_argument("--figure", help="draw every search's paths into this image")

@@ -135,6 +135,11 @@ def play(search: list[str], episodes: int, envs: int) -> tuple[BeamPlanner, Path
     return planner, paths, result.summary()
 
 
+def reached_goal(positions: np.ndarray, goal: np.ndarray) -> bool:
+    """Whether any position came within the goal's radius."""
+    return bool((np.linalg.norm(positions - goal, axis=1) <= GOAL_RADIUS).any())
+
+
 def ended_still(positions: np.ndarray, window: int, still: float) -> bool:
     """Whether the point moved less than `still` over the last `window` steps."""
     last = positions[-(window + 1) :]
@@ -150,7 +155,7 @@ def outcomes(
     reached = still_ends = moving = 0
     stopped: Counter[tuple[int, int]] = Counter()
     for seed, positions in paths.finished.items():
-        if (np.linalg.norm(positions - paths.goals[seed], axis=1) <= GOAL_RADIUS).any():
+        if reached_goal(positions, paths.goals[seed]):
             reached += 1
         elif ended_still(positions, window, still):
             still_ends += 1
@@ -197,7 +202,7 @@ def draw(played: list[tuple[str, BeamPlanner, Paths]], window: int, still: float
         ax.imshow(walls, cmap="Greys", vmin=0, vmax=1.6, extent=extent, origin="upper")
         for seed, positions in sorted(paths.finished.items()):
             goal = paths.goals[seed]
-            hit = (np.linalg.norm(positions - goal, axis=1) <= GOAL_RADIUS).any()
+            hit = reached_goal(positions, goal)
             colour = "tab:green" if hit else "tab:red"
             ax.plot(positions[:, 0], positions[:, 1], color=colour, lw=0.8, alpha=0.7)
             ax.plot(*positions[0], "o", color=colour, ms=3)

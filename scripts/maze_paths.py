@@ -34,7 +34,7 @@ from trajectory_transformer.checkpoint import checkpoint_file, read_payload
 from trajectory_transformer.evaluation.envs import make_vector_env
 from trajectory_transformer.evaluation.loop import evaluate
 from trajectory_transformer.planning import BeamPlanner
-from trajectory_transformer.viz import maze_of
+from trajectory_transformer.viz import draw_maze_walls, maze_of
 
 matplotlib.use("Agg")
 
@@ -191,15 +191,13 @@ def draw(played: list[tuple[str, BeamPlanner, Paths]], window: int, still: float
     """One maze a search: every episode's path, green where it reached the goal, red where
     not, a cross where a missed episode ended still; the goals as stars."""
     maze_map = maze_of(played[0][1].dataset)[0]
-    walls = np.array([[cell == 1 for cell in row] for row in maze_map], dtype=float)
-    rows, columns = walls.shape
-    extent = (-columns / 2, columns / 2, -rows / 2, rows / 2)
+    rows, columns = len(maze_map), len(maze_map[0])
     fig = Figure(
         figsize=(0.45 * columns * len(played) + 0.5, 0.45 * rows + 1.2), layout="constrained"
     )
     axes = np.atleast_1d(fig.subplots(1, len(played)))
     for ax, (title, _, paths) in zip(axes, played, strict=True):
-        ax.imshow(walls, cmap="Greys", vmin=0, vmax=1.6, extent=extent, origin="upper")
+        draw_maze_walls(ax, maze_map)
         for seed, positions in sorted(paths.finished.items()):
             goal = paths.goals[seed]
             hit = reached_goal(positions, goal)

@@ -148,6 +148,22 @@ def test_maze_figure_draws_the_walls_the_beams_and_the_path(maze_checkpoint, tmp
     assert "maze_plans.png" in [p.name for p in viz.save_episode_figures(record, planner, tmp_path)]
 
 
+def test_maze_walls_are_drawn_in_the_envs_own_coordinates():
+    # gymnasium-robotics: the maze centred on the origin, one unit a cell, row 0 at the top
+    maze_map = [[1, 1, 1], [1, 0, 1], [1, 0, 0], [1, 1, 1]]
+    ax = Figure().subplots()
+    extent = viz.draw_maze_walls(ax, maze_map)
+    assert extent == (-1.5, 1.5, -2.0, 2.0)
+    (image,) = ax.images
+    assert image.get_extent() == list(extent)
+    assert image.get_array().tolist() == [[float(cell == 1) for cell in row] for row in maze_map]
+    # the open cell at row 2, column 2 (x 1, y -0.5) is drawn where the env puts it
+    x, y = 1.0, -0.5
+    column = int((x - extent[0]) // 1)
+    row = int((extent[3] - y) // 1)
+    assert (row, column) == (2, 2) and image.get_array()[row, column] == 0.0
+
+
 def test_a_dataset_that_is_no_maze_has_no_maze_figure(recorded):
     planner, record = recorded
     assert viz.maze_of(planner.dataset) is None

@@ -15,6 +15,7 @@ import gymnasium as gym
 import matplotlib
 import numpy as np
 import torch
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from trajectory_transformer.comparison.statistics import performance_profile
@@ -341,6 +342,17 @@ def maze_of(dataset: DatasetInfo) -> tuple[list[list], slice, slice | None] | No
     return maze_map, slice(point, point + 2), None if goal is None else slice(goal, goal + 2)
 
 
+def draw_maze_walls(ax: Axes, maze_map: list[list]) -> tuple[float, float, float, float]:
+    """Draw a gymnasium-robotics maze's walls (cells of 1, grey) on `ax`, in the env's own
+    coordinates: the maze centred on the origin, one unit a cell, row 0 at the top. Returns the
+    extent (left, right, bottom, top)."""
+    walls = np.array([[cell == 1 for cell in row] for row in maze_map], dtype=float)
+    rows, columns = walls.shape
+    extent = (-columns / 2, columns / 2, -rows / 2, rows / 2)
+    ax.imshow(walls, cmap="Greys", vmin=0, vmax=1.6, extent=extent, origin="upper")
+    return extent
+
+
 def plot_maze_plans(
     record: EpisodeRecord, dataset: DatasetInfo, steps: Sequence[int] | None = None
 ) -> Figure:
@@ -355,12 +367,10 @@ def plot_maze_plans(
             "observations are not a Dict with the point's position"
         )
     maze_map, point, goal = maze
-    walls = np.array([[cell == 1 for cell in row] for row in maze_map], dtype=float)
-    rows, columns = walls.shape
-    extent = (-columns / 2, columns / 2, -rows / 2, rows / 2)  # gymnasium-robotics' coordinates
+    rows, columns = len(maze_map), len(maze_map[0])
     fig = Figure(figsize=(0.9 * columns + 2.5, 0.9 * rows + 0.8), layout="constrained")
     ax = fig.subplots()
-    ax.imshow(walls, cmap="Greys", vmin=0, vmax=1.6, extent=extent, origin="upper")
+    extent = draw_maze_walls(ax, maze_map)
     kept = sorted(record.plans) if steps is None else [s for s in steps if s in record.plans]
     colours = matplotlib.colormaps["viridis"](np.linspace(0.1, 0.9, max(len(kept), 1)))
     for colour, step in zip(colours, kept, strict=False):

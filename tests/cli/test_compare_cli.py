@@ -3,6 +3,7 @@
 import csv
 import datetime
 import fcntl
+import io
 import json
 import os
 import signal
@@ -219,6 +220,8 @@ def test_a_comparison_stopped_after_an_interim_reports_it_then_continues(tmp_pat
         terminal = run.stdout.splitlines() + run.stderr.splitlines()
         assert lines[1:] and all(line in terminal for line in lines[1:])
     assert any(line.startswith("stopped after interim 1 of at most 2") for line in runs[0])
+    # The sweep's own output too: the launcher's, from the jobs' process.
+    assert any("Launching" in line for line in runs[0]), runs[0]
     assert any("not told apart within this budget" in line for line in runs[2])
 
 
@@ -532,8 +535,9 @@ class FakeSweep:
 
     pid = -1  # no process group: nothing to pass a stop on to
 
-    def __call__(self, command, preexec_fn=None, process_group=None):
+    def __call__(self, command, preexec_fn=None, process_group=None, **pipes):
         self.command, self.preexec_fn, self.process_group = command, preexec_fn, process_group
+        self.stdout, self.stderr = io.StringIO("job 0 (eval) interrupted\n"), io.StringIO()
         return self
 
     def poll(self):
@@ -541,7 +545,7 @@ class FakeSweep:
         return 0
 
 
-def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeypatch):
+def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeypatch, capsys):
     _, jobs = eval_jobs(tmp_path, 1)
     folder = tmp_path / "jobs" / "interim0-eval"
     folder.mkdir(parents=True)
@@ -556,6 +560,7 @@ def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeyp
     with pytest.raises(KeyboardInterrupt):
         launch([Job(**job) for job in jobs], tmp_path, "interim0-eval", [])
     assert sweep.preexec_fn is compare_cli.ignore_interrupts  # the default launcher is local
+    assert "job 0 (eval) interrupted" in capsys.readouterr().out  # the sweep's word passed on
 
 
 # A comparison whose sweep is one job, the checkpointing child above, started as `launch`

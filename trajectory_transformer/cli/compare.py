@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
@@ -24,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -253,6 +255,9 @@ start nothing (a launcher's workers may go on taking jobs), and the comparison e
 SWEEP_POLL_SECONDS = 0.1
 """How often tt-compare looks whether its sweep has ended, and so the longest a stop can wait."""
 
+SWEEP_OUTPUT_SECONDS = 5.0
+"""How long tt-compare waits, after its sweep has ended, for the rest of the sweep's output."""
+
 INTERRUPTED_MESSAGE = (
     "interrupted: the trainings that were running wrote their checkpoints, and finished "
     "trainings and evaluations are kept. Run the same command again to continue."
@@ -334,6 +339,13 @@ def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
     return bool(stops)
 
 
+def copy_lines(pipe: IO[str], stream: IO[str]) -> None:
+    """Write each line read from `pipe` to `stream` as it comes, until the pipe closes."""
+    for line in pipe:
+        stream.write(line)
+        stream.flush()
+
+
 def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     """Run the jobs not done yet as one multirun of this command, with the `launcher`
     overrides; returns how many ran."""
@@ -359,10 +371,28 @@ def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:
     interrupted = folder / INTERRUPTED
     interrupted.unlink(missing_ok=True)  # a previous run's: this one continues it
     here = runs_jobs_here(launcher)
+    # The sweep's own output (the launcher's, each job's one-line outcome) is passed on through
+    # this process's streams, so that compare.log keeps it too.
     sweep = subprocess.Popen(
-        command, preexec_fn=ignore_interrupts if here else None, process_group=0
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=ignore_interrupts if here else None,
+        process_group=0,
     )
-    if wait_passing_stops_on(sweep) or interrupted.exists():
+    copies = [
+        threading.Thread(target=copy_lines, args=(pipe, stream), daemon=True)
+        for pipe, stream in ((sweep.stdout, sys.stdout), (sweep.stderr, sys.stderr))
+    ]
+    for copy in copies:
+        copy.start()
+    stopped = wait_passing_stops_on(sweep)
+    for copy in copies:  # a launcher's worker that outlives the sweep may hold a pipe open
+        copy.join(timeout=SWEEP_OUTPUT_SECONDS)
+    if stopped or interrupted.exists():
         raise KeyboardInterrupt
     failed = [job for job in pending if not job.done()]
     if failed:
@@ -597,7 +627,8 @@ class Tee:
 def output_kept_in(path: Path) -> Iterator[None]:
     """This run's messages (stdout and stderr: interims, decisions, errors) also appended to
     `path`, under a line naming the run, so that they outlive the terminal that started a
-    comparison of hours. The jobs' own output is in their `job.log`s."""
+    comparison of hours; `launch` passes the sweeps' output on through them. The jobs' own
+    output is in their `job.log`s."""
     # Line-buffered: each line is on disk as soon as it is said, in order with Hydra's own
     # log handler on the same file, and kept if the run is killed.
     with open(path, "a", buffering=1) as log:

@@ -545,6 +545,17 @@ class FakeSweep:
         return 0
 
 
+def test_the_sweeps_lines_are_passed_on_in_order_until_the_stream_closes(tmp_path):
+    stream = io.StringIO()
+    compare_cli.copy_lines(io.StringIO("Launching 2 jobs\njob 1 (eval) failed\n"), stream)
+    assert stream.getvalue() == "Launching 2 jobs\njob 1 (eval) failed\n"
+    # A line after the run's log was closed (a launcher's lingering worker) is dropped quietly.
+    with open(tmp_path / "compare.log", "w") as log:
+        pass
+    compare_cli.copy_lines(io.StringIO("late\nlater\n"), log)  # no ValueError
+    assert (tmp_path / "compare.log").read_text() == ""
+
+
 def test_launch_ends_the_comparison_when_a_job_was_interrupted(tmp_path, monkeypatch, capsys):
     _, jobs = eval_jobs(tmp_path, 1)
     folder = tmp_path / "jobs" / "interim0-eval"

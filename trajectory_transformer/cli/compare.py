@@ -340,10 +340,14 @@ def wait_passing_stops_on(sweep: subprocess.Popen) -> bool:
 
 
 def copy_lines(pipe: IO[str], stream: IO[str]) -> None:
-    """Write each line read from `pipe` to `stream` as it comes, until the pipe closes."""
+    """Write each line read from `pipe` to `stream` as it comes, until the pipe closes, or
+    until `stream` is closed (a launcher's worker that said something after the run ended)."""
     for line in pipe:
-        stream.write(line)
-        stream.flush()
+        try:
+            stream.write(line)
+            stream.flush()
+        except ValueError:  # I/O on a closed file
+            return
 
 
 def launch(jobs: list[Job], root: Path, label: str, launcher: list[str]) -> int:

@@ -208,6 +208,36 @@ def test_windows_relabelled_with_a_goal_they_reach_go_on_past_it_rewarded_where_
     np.testing.assert_allclose(want[0, :, 5], [1.5, 1.0, 0.0, 0.0, 0.0])
 
 
+def test_reached_windows_values_above_the_bins_are_counted():
+    # The dataset's own values (one reward, at the end) are at most 1, and the bins are fit on
+    # them. A point that rests at a goal for many steps, relabelled with it, is rewarded at
+    # every one: values above the bins, encoded as the top bin. A point that passes each place
+    # once is rewarded once: values within them.
+    def reaching(positions: list[float]) -> GoalRelabelledWindows:
+        episodes = line_episode(positions, goal=positions[-1])
+        transitions = joint_transitions(episodes, 0.9, -100.0)
+        discretizer = Discretizer.fit(transitions, 16)
+        windows = TokenWindows(transitions, episodes.lengths, discretizer, 3, real_values=True)
+        return GoalRelabelledWindows(
+            windows, episodes, discretizer, GOALS, within_half, 0.9, 0.0, reached=1.0
+        )
+
+    resting = reaching([0.0, 1.0] + [2.0] * 10 + [4.0])
+    share, largest, top = resting.reached_values_above_bins(count=500)
+    # The point is at 2 after each of steps 1-10: relabelled with it from step 0, the value
+    # there is sum_{k<10} 0.9^k = 6.51, the largest.
+    assert 0.5 < share < 1.0 and largest == pytest.approx((1 - 0.9**10) / 0.1, rel=1e-5)
+    assert top == pytest.approx(1.0)
+    torch.manual_seed(3)
+    before = torch.rand(1)
+    torch.manual_seed(3)
+    resting.reached_values_above_bins(count=10)
+    assert torch.rand(1) == before  # torch's generator, a run's saved state, untouched
+
+    passing = reaching([float(p) for p in range(12)])
+    assert tuple(passing.reached_values_above_bins(count=500)) == pytest.approx((0.0, 1.0, 1.0))
+
+
 def test_a_batch_mixes_later_goals_reached_goals_and_the_datasets_own():
     episodes = line_episode([float(p) for p in range(40)], goal=39.0)
     transitions = joint_transitions(episodes, 0.9, -100.0)

@@ -326,6 +326,15 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             f"{cfg.dataset.relabel_reached:.0%} with one they reach themselves "
             "(dataset.relabel_reached)"
         )
+        above = windows.reached_values_above_bins() if cfg.dataset.relabel_reached > 0 else None
+        if above is not None and above.share >= 0.01:
+            say(
+                f"warning: {above.share:.0%} of the value targets of the windows relabelled "
+                "with a goal they reach (dataset.relabel_reached) lie above the value bins "
+                f"(fit on the dataset's own values, up to {above.top:.3g}), up to "
+                f"{above.largest:.3g}: they are encoded as the top bin, so these values say "
+                "'at the goal' however long the point stays there"
+            )
     validation = None
     if held_out is not None:
         held_out_transitions = joint_transitions(

@@ -24,8 +24,12 @@ evaluation counts the steps spent at the goal after it. Windows relabelled with 
 reach themselves** show it: the goal is the achieved goal after one of the window's own steps,
 drawn uniformly, and the relabelled episode goes on past it to the end of the episode, every
 step rewarded for where it ends. The data passes some goals at speed and comes to rest at
-others (the maze controller settles at every cell centre), so these windows' rewards and values
-tell the states and actions that stay at a goal from those that leave it.
+others (the maze controller settles at every cell centre), so these windows' values, the
+rewards to come, tell a goal the point stays at from one it passes. But a window's few steps
+seldom leave the goal's radius, so nearly all of them are rewarded, and the values (a sum of
+many rewards) exceed the value bins, which are fit on the dataset's own values (one reward an
+episode): they are encoded as the top bin, and say "at the goal" however long the point stays
+(`GoalRelabelledWindows.reached_values_above_bins` measures it; tt-train warns).
 
 `GoalRelabelledWindows` relabels each window of a batch with a later goal with probability
 `probability`, with one it reaches itself with probability `reached`, drawn from torch's global
@@ -38,6 +42,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -81,6 +86,15 @@ class GoalLayout:
                 "so they must have the same size"
             )
         return cls(achieved, desired)
+
+
+class ValuesAboveBins(NamedTuple):
+    """Value targets above the value bins' range: their `share`, the `largest` value, and the
+    bins' `top` edge."""
+
+    share: float
+    largest: float
+    top: float
 
 
 def env_goal_reward(env) -> GoalReward:
@@ -218,6 +232,46 @@ class GoalRelabelledWindows:
         moved.windows = self.windows.to(device)
         return moved
 
+    def _relabelled(
+        self, starts: np.ndarray, later: np.ndarray, draws: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`relabel` for windows starting at transitions `starts`: with a goal their episode
+        reaches later where `later`, else with one they reach themselves, its step drawn
+        uniformly by `draws` (in [0, 1))."""
+        last = episode_last_rows(self.episodes, starts)
+        L = self.windows.sequence_transitions
+        goal_last = np.where(later, last, np.minimum(last, starts + L - 1))
+        goal_steps = starts + np.floor(draws * (goal_last - starts + 1)).astype(np.int64)
+        goal_steps = np.minimum(goal_steps, goal_last)
+        return relabel(
+            self.episodes,
+            self.goals,
+            self.reward,
+            self.discount,
+            starts,
+            self._next_achieved[goal_steps],
+            goal_steps,
+            L,
+            self._next_achieved,
+            later & self.end_at_goal,
+        )
+
+    def reached_values_above_bins(self, count: int = 2048, seed: int = 0) -> ValuesAboveBins:
+        """Of the value targets of `count` windows relabelled with a goal they reach (drawn
+        with numpy's generator `seed`: torch's, a run's saved state, is left alone), the share
+        above the value bins' top edge, the largest, and that edge. The bins are fit on the
+        dataset's own values, and a value above them is encoded as the top bin, and clipped to
+        it as an input: such windows' values then say "at the goal" however long the point
+        stays."""
+        generator = np.random.default_rng(seed)
+        starts = generator.integers(0, len(self.windows), count)
+        transitions, valid = self._relabelled(
+            starts, np.zeros(count, dtype=bool), generator.random(count)
+        )
+        values = transitions[..., -1][valid]
+        top = float(self.discretizer.edges[-1].max())
+        return ValuesAboveBins(float(np.mean(values > top)), float(values.max()), top)
+
     def batch(
         self, window_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -232,28 +286,10 @@ class GoalRelabelledWindows:
         # TokenWindows keeps one window per transition, in order: window i starts at
         # transition i.
         starts = window_ids.cpu().numpy()[chosen.numpy()]
-        last = episode_last_rows(self.episodes, starts)
-        L = self.windows.sequence_transitions
-        goal_last = np.where(later, last, np.minimum(last, starts + L - 1))
-        goal_steps = starts + np.floor(draws[chosen, 1].numpy() * (goal_last - starts + 1)).astype(
-            np.int64
-        )
-        goal_steps = np.minimum(goal_steps, goal_last)
-        transitions, valid = relabel(
-            self.episodes,
-            self.goals,
-            self.reward,
-            self.discount,
-            starts,
-            self._next_achieved[goal_steps],
-            goal_steps,
-            L,
-            self._next_achieved,
-            later & self.end_at_goal,
-        )
+        transitions, valid = self._relabelled(starts, later, draws[chosen, 1].numpy())
         flat = torch.as_tensor(transitions.reshape(-1, transitions.shape[-1]))
         new_tokens = self.discretizer.encode(flat.to(self.discretizer.device))
-        T = self.windows.transition_dim
+        L, T = self.windows.sequence_transitions, self.windows.transition_dim
         rows = chosen.to(tokens.device)
         tokens[rows] = new_tokens.reshape(len(chosen), L * T).to(tokens.device, tokens.dtype)
         valid_tokens = torch.as_tensor(valid).repeat_interleave(T, dim=1)

@@ -326,8 +326,9 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             f"{cfg.dataset.relabel_reached:.0%} with one they reach themselves "
             "(dataset.relabel_reached)"
         )
-        above = windows.reached_values_above_bins() if cfg.dataset.relabel_reached > 0 else None
-        if above is not None and above.share >= 0.01:
+    if cfg.dataset.relabel_reached > 0 and dist.is_main:  # a check, said by rank 0 alone
+        above = windows.reached_values_above_bins()
+        if above.share >= 0.01:
             say(
                 f"warning: {above.share:.0%} of the value targets of the windows relabelled "
                 "with a goal they reach (dataset.relabel_reached) lie above the value bins "

@@ -223,10 +223,15 @@ class Discretizer:
                 "this discretizer does not know its data's mean and spread (a checkpoint of "
                 "format 1 or 2): fit a new one for a model with value inputs"
             )
-        top = (self.effective_bins - 1).clamp_min(0)[:, None]  # (D, 1): the last bin in use
-        low, high = self.edges[:, 0], self.edges.gather(1, top + 1)[:, 0]
+        low, high = self.fitted_range()
         scale = torch.where(self.std > 0, self.std, torch.ones_like(self.std))
         return low, high, self.mean, scale
+
+    def fitted_range(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(low, high), each (D,): the range the bins cover, from the first bin's lower edge
+        to the last bin in use's upper edge. A value outside it encodes as an edge bin."""
+        top = (self.effective_bins - 1).clamp_min(0)[:, None]  # (D, 1): the last bin in use
+        return self.edges[:, 0], self.edges.gather(1, top + 1)[:, 0]
 
     def _dims(self, dims: slice | torch.Tensor | None) -> slice | torch.Tensor:
         return slice(None) if dims is None else dims

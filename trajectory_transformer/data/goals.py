@@ -269,7 +269,7 @@ class GoalRelabelledWindows:
             starts, np.zeros(count, dtype=bool), generator.random(count)
         )
         values = transitions[..., -1][valid]
-        top = float(self.discretizer.edges[-1].max())
+        top = float(self.discretizer.fitted_range()[1][-1])  # the value's
         return ValuesAboveBins(float(np.mean(values > top)), float(values.max()), top)
 
     def batch(

@@ -114,14 +114,19 @@ def returns_had_it_stayed(
 
 def model_name(planner: BeamPlanner, trained_steps: int | None) -> str:
     """The model as the table names it: its dataset, bins, value discount, share of windows
-    relabelled with goals they reach (where there are any), training seed (where its
+    relabelled with goals they reach (where there are any; "scaled" where their rewards past
+    the goal were), training seed (where its
     checkpoint's config names it) and the steps it was trained for (where known: a training
     stopped early has fewer than it planned)."""
     bins = planner.discretizer.edges.shape[1] - 1
     discount, _ = value_targets_of(planner.training_config)
     name = f"{planner.dataset.dataset_id}, {bins} bins, discount {discount:g}"
-    if reached := planner.training_config.get("dataset", {}).get("relabel_reached"):
+    dataset = planner.training_config.get("dataset", {})
+    if reached := dataset.get("relabel_reached"):
         name += f", relabel_reached {reached:g}"
+        # Runs before relabel_continuing_rewards had raw rewards past the goal.
+        if dataset.get("relabel_continuing_rewards", "raw") == "scaled":
+            name += " (scaled)"
     if (seed := planner.training_config.get("seed")) is not None:
         name += f", seed {seed}"
     if trained_steps is not None:

@@ -260,3 +260,27 @@ def test_a_run_directory_names_the_model_to_plan_with_and_the_state_to_resume(tm
     assert checkpoint_file(run) == run / "model.pt"
     assert checkpoint_file(run, to_resume=True) == run / "checkpoint.pt"
     assert checkpoint_file(run / "best.pt") == run / "best.pt"  # a file is itself
+
+
+def test_resuming_refuses_another_scale_of_the_rewards_past_a_relabelled_goal(tmp_path):
+    """A run that relabels windows with episodes going on past their goal trained its values
+    on one scale of their rewards; runs before the setting had raw ones."""
+    from trajectory_transformer.checkpoint import check_compatible
+    from trajectory_transformer.model import GPTConfig
+
+    payload = read_payload(trained_checkpoint(tmp_path / "checkpoint.pt"))
+    saved = payload["config"].setdefault("dataset", {})
+    saved |= {"discount": 0.99, "terminal_penalty": -100.0, "relabel_reached": 0.25}
+    saved.pop("relabel_continuing_rewards", None)  # before the setting: raw
+    config = GPTConfig(**payload["model_config"])
+    now = {"discount": 0.99, "terminal_penalty": -100.0, "discretizer": "uniform"}
+    now |= {"n_bins": 16, "bin_values": "mean", "relabel_reached": 0.25}
+    with pytest.raises(
+        CheckpointError, match=r"relabel_continuing_rewards: checkpoint 'raw', now 'scaled'"
+    ):
+        check_compatible(payload, config, tiny_training_info(), now)
+    check_compatible(
+        payload, config, tiny_training_info(), now | {"relabel_continuing_rewards": "raw"}
+    )
+    # Without windows that go on past their goal now, the scale names nothing trained.
+    check_compatible(payload, config, tiny_training_info(), now | {"relabel_reached": 0.0})

@@ -84,3 +84,6 @@ def test_a_model_trained_on_windows_that_reach_their_goals_says_so():
     assert goal_holding.model_name(planner, 8000) == (
         "pointmaze/medium-v0, 100 bins, discount 0.99, relabel_reached 0.25, seed 0, 8,000 steps"
     )
+    dataset = {**planner.training_config["dataset"], "relabel_continuing_rewards": "scaled"}
+    planner.training_config = {**config, "dataset": dataset}
+    assert "relabel_reached 0.25 (scaled), seed 0" in goal_holding.model_name(planner, 8000)

@@ -179,6 +179,15 @@ def value_targets_of(config: dict) -> tuple[float, float]:
     return dataset.get("discount", DISCOUNT), dataset.get("terminal_penalty", TERMINAL_PENALTY)
 
 
+def continues_past_goal(dataset_config: dict) -> bool:
+    """Whether a tt-train dataset config relabels windows with episodes that go on past their
+    goal (`relabel_reached`, or later goals with `relabel_end_at_goal=false`)."""
+    return dataset_config.get("relabel_reached", 0) > 0 or (
+        dataset_config.get("relabel_goals", 0) > 0
+        and not dataset_config.get("relabel_end_at_goal", True)
+    )
+
+
 def build_payload(
     model: TrajectoryGPT,
     discretizer: Discretizer,
@@ -325,6 +334,14 @@ def check_compatible(
     saved_discount, saved_penalty = value_targets_of(payload["config"])
     compare("dataset.discount", saved_discount, dataset_config["discount"])
     compare("dataset.terminal_penalty", saved_penalty, dataset_config["terminal_penalty"])
+    saved_dataset = payload["config"].get("dataset", {})
+    if continues_past_goal(saved_dataset) and continues_past_goal(dataset_config):
+        # The scale of those episodes' rewards; runs before the setting had raw ones.
+        compare(
+            "dataset.relabel_continuing_rewards",
+            saved_dataset.get("relabel_continuing_rewards", "raw"),
+            dataset_config.get("relabel_continuing_rewards", "scaled"),
+        )
     saved_strategy = payload["discretizer"]["strategy"]
     compare("dataset.discretizer", saved_strategy, dataset_config["discretizer"])
     compare("dataset.n_bins", saved_model.get("n_bins"), dataset_config["n_bins"])

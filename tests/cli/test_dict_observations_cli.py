@@ -62,14 +62,15 @@ def test_a_dict_dataset_trains_and_plans_end_to_end(tmp_path):
         "dataset.id=test/dict-maze-v0",
         "dataset.relabel_goals=0.5",  # hindsight goals, rewarded by the maze's compute_reward
         "dataset.relabel_reached=0.25",
+        "dataset.relabel_continuing_rewards=raw",  # the environment's rewards past the goal
         "trainer.max_steps=4",
         f"hydra.run.dir={run}",
     )
     assert trained.returncode == 0, trained.stderr
     assert "50% of the training windows relabelled" in trained.stdout
-    # The random walk stays within the goal's radius for steps on end: rewarded at each, the
+    # The random walk stays within the goal's radius for steps on end: rewarded 1 at each, the
     # windows that reach their goal have values above the bins fit on the dataset's (at most 1).
-    assert "of the windows relabelled with a goal they reach" in trained.stdout
+    assert "relabelled with an episode that goes on past its goal" in trained.stdout
     assert "lie above the value bins (fit on the dataset's own values, up to 1)" in trained.stdout
     payload = torch.load(run / "checkpoint.pt", weights_only=True)
     assert payload["dataset"]["observation_dim"] == 8

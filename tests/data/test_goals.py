@@ -186,6 +186,7 @@ def test_windows_relabelled_with_a_goal_they_reach_go_on_past_it_rewarded_where_
             np.array([goal_step]),
             3,
             end_at_goal=False,
+            continuing_scale=0.5,  # 1 - discount: the default, scaled rewards
         )
         torch.testing.assert_close(rows[window], torch.as_tensor(want[0]))
         # Nothing ends at the goal: only the episode's own end.
@@ -206,36 +207,123 @@ def test_windows_relabelled_with_a_goal_they_reach_go_on_past_it_rewarded_where_
     )
     np.testing.assert_array_equal(want[0, :, 4], [1.0, 1.0, 1.0, 0.0, 0.0])
     np.testing.assert_allclose(want[0, :, 5], [1.5, 1.0, 0.0, 0.0, 0.0])
+    # Scaled by 1 - discount = 0.5, each reward is 0.5: V_0 = 0.5 + 0.5 * 0.5.
+    scaled, _ = relabel(
+        episodes,
+        GOALS,
+        within_half,
+        0.5,
+        np.array([1]),
+        np.array([[4.0]]),
+        np.array([1]),
+        5,
+        end_at_goal=False,
+        continuing_scale=0.5,
+    )
+    np.testing.assert_array_equal(scaled[0, :, 4], [0.5, 0.5, 0.5, 0.0, 0.0])
+    np.testing.assert_allclose(scaled[0, :, 5], [0.75, 0.5, 0.0, 0.0, 0.0])
 
 
-def test_reached_windows_values_above_the_bins_are_counted():
+def test_scaled_rewards_apply_to_continuing_episodes_alone():
+    # Two windows relabelled with the same goal, reached after step 2 and never left: the one
+    # that ends at its goal keeps the reward of arriving, 1; the one that goes on is rewarded
+    # 1 - discount at every step at the goal, so that staying for good is worth 1.
+    episodes = line_episode([0.0, 1.0] + [2.0] * 40, goal=2.0)
+    both, _ = relabel(
+        episodes,
+        GOALS,
+        within_half,
+        0.9,
+        np.array([0, 0]),
+        np.array([[2.0], [2.0]]),
+        np.array([1, 1]),
+        3,
+        end_at_goal=np.array([True, False]),
+        continuing_scale=0.1,
+    )
+    np.testing.assert_allclose(both[0, :, 4:], [[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    # Rewarded 0.1 after steps 1-40: V_0 = 0.1 * sum_{k<40} 0.9^k = 1 - 0.9^40.
+    np.testing.assert_allclose(both[1, :, 4], [0.0, 0.1, 0.1], rtol=1e-6)
+    np.testing.assert_allclose(both[1, :, 5], [1 - 0.9**40, 1 - 0.9**39, 1 - 0.9**38], rtol=1e-5)
+
+
+@pytest.mark.parametrize("continuing_rewards", ["raw", "scaled"])
+def test_values_of_continuing_windows_above_the_bins_are_counted(continuing_rewards):
     # The dataset's own values (one reward, at the end) are at most 1, and the bins are fit on
     # them. A point that rests at a goal for many steps, relabelled with it, is rewarded at
-    # every one: values above the bins, encoded as the top bin. A point that passes each place
-    # once is rewarded once: values within them.
+    # every one: with raw rewards, values above the bins, encoded as the top bin; scaled by
+    # 1 - discount, within them. A point that passes each place once is rewarded once: values
+    # within them either way.
     def reaching(positions: list[float]) -> GoalRelabelledWindows:
         episodes = line_episode(positions, goal=positions[-1])
         transitions = joint_transitions(episodes, 0.9, -100.0)
         discretizer = Discretizer.fit(transitions, 16)
         windows = TokenWindows(transitions, episodes.lengths, discretizer, 3, real_values=True)
         return GoalRelabelledWindows(
-            windows, episodes, discretizer, GOALS, within_half, 0.9, 0.0, reached=1.0
+            windows,
+            episodes,
+            discretizer,
+            GOALS,
+            within_half,
+            0.9,
+            0.0,
+            reached=1.0,
+            continuing_rewards=continuing_rewards,
         )
 
     resting = reaching([0.0, 1.0] + [2.0] * 10 + [4.0])
-    share, largest, top = resting.reached_values_above_bins(count=500)
+    share, largest, top = resting.continuing_values_above_bins(count=500)
     # The point is at 2 after each of steps 1-10: relabelled with it from step 0, the value
-    # there is sum_{k<10} 0.9^k = 6.51, the largest.
-    assert 0.5 < share < 1.0 and largest == pytest.approx((1 - 0.9**10) / 0.1, rel=1e-5)
+    # there is sum_{k<10} 0.9^k = 6.51 (raw), the largest, or 0.1 of it (scaled).
+    resting_value = (1 - 0.9**10) / 0.1
     assert top == pytest.approx(1.0)
+    if continuing_rewards == "raw":
+        assert 0.5 < share < 1.0 and largest == pytest.approx(resting_value, rel=1e-5)
+    else:
+        assert share == 0.0 and largest == pytest.approx(0.1 * resting_value, rel=1e-5)
     torch.manual_seed(3)
     before = torch.rand(1)
     torch.manual_seed(3)
-    resting.reached_values_above_bins(count=10)
+    resting.continuing_values_above_bins(count=10)
     assert torch.rand(1) == before  # torch's generator, a run's saved state, untouched
 
     passing = reaching([float(p) for p in range(12)])
-    assert tuple(passing.reached_values_above_bins(count=500)) == pytest.approx((0.0, 1.0, 1.0))
+    share, largest, _ = passing.continuing_values_above_bins(count=500)
+    assert share == 0.0 and largest == pytest.approx(1.0 if continuing_rewards == "raw" else 0.1)
+
+
+def test_later_goals_that_go_on_past_their_goal_are_counted_with_the_continuing_windows():
+    episodes = line_episode([0.0, 1.0] + [2.0] * 10 + [4.0], goal=4.0)
+    transitions = joint_transitions(episodes, 0.9, -100.0)
+    discretizer = Discretizer.fit(transitions, 16)
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, 3, real_values=True)
+
+    def relabelling(**settings) -> GoalRelabelledWindows:
+        return GoalRelabelledWindows(
+            windows, episodes, discretizer, GOALS, within_half, 0.9, 0.5, **settings
+        )
+
+    assert relabelling().continuing == 0.0  # later goals that end there: nothing to count
+    with pytest.raises(ValueError, match="goes on past its goal"):
+        relabelling().continuing_values_above_bins()
+    going_on = relabelling(end_at_goal=False, continuing_rewards="raw")
+    assert going_on.continuing == 0.5
+    assert going_on.continuing_values_above_bins(count=500).share > 0.3
+
+
+def test_scaled_continuing_rewards_need_a_discount_below_one():
+    episodes = line_episode([0.0, 1.0, 2.0], goal=2.0)
+    transitions = joint_transitions(episodes, 1.0, -100.0)
+    discretizer = Discretizer.fit(transitions, 4)
+    windows = TokenWindows(transitions, episodes.lengths, discretizer, 2)
+    with pytest.raises(ValueError, match="relabel_continuing_rewards=raw"):
+        GoalRelabelledWindows(
+            windows, episodes, discretizer, GOALS, within_half, 1.0, 0.0, reached=1.0
+        )
+    with pytest.raises(ValueError, match="one of scaled, raw"):
+        GoalRelabelledWindows(
+            windows, episodes, discretizer, GOALS, within_half, 0.9, 0.0, continuing_rewards="x"
+        )
 
 
 def test_a_batch_mixes_later_goals_reached_goals_and_the_datasets_own():

@@ -24,6 +24,7 @@ from trajectory_transformer.comparison.protocol import AgentSpec, ComparisonSpec
 from trajectory_transformer.critic.training import CriticConfig
 from trajectory_transformer.data.discretizer import BIN_VALUES, MAX_BINS, STRATEGIES
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
+from trajectory_transformer.data.goals import CONTINUING_REWARDS
 from trajectory_transformer.model.gpt import GPTConfig
 from trajectory_transformer.planning.config import PlannerConfig
 from trajectory_transformer.training.trainer import TrainerConfig
@@ -91,6 +92,12 @@ class DatasetConfig:
     step rewarded for where it ends: what follows arrival, which a goal-reaching dataset's
     episodes never show (they end there), so that the model learns what stays at a goal. With
     `relabel_goals`, at most 1 in all."""
+    relabel_continuing_rewards: str = "scaled"
+    """The rewards of a relabelled episode that goes on past its goal (`relabel_reached`, or
+    `relabel_end_at_goal=false`): `scaled`, multiplied by 1 - discount, so that staying at the
+    goal for good is worth 1, what the dataset's episodes give arriving, and the values fit the
+    value bins; `raw`, the environment's own, whose sums lie above the bins and are clipped to
+    the top one."""
 
     def __post_init__(self) -> None:
         check = functools.partial(require, "dataset", self)
@@ -107,10 +114,24 @@ class DatasetConfig:
         check("validation_seed", lambda x: x >= 0, "at least 0")
         check("relabel_goals", lambda x: finite(x) and 0 <= x <= 1, "in [0, 1]")
         check(
+            "relabel_continuing_rewards",
+            lambda x: x in CONTINUING_REWARDS,
+            f"one of {', '.join(CONTINUING_REWARDS)}",
+        )
+        check(
             "relabel_reached",
             lambda x: finite(x) and 0 <= x <= 1 - self.relabel_goals,
             "in [0, 1 - dataset.relabel_goals]",
         )
+        continuing = self.relabel_reached > 0 or (
+            self.relabel_goals > 0 and not self.relabel_end_at_goal
+        )
+        if continuing and self.relabel_continuing_rewards == "scaled" and self.discount >= 1:
+            raise ValueError(
+                "dataset.relabel_continuing_rewards=scaled multiplies the rewards of relabelled "
+                "episodes that go on past their goal by 1 - dataset.discount, which is 0 with "
+                "discount 1; set a discount below 1, or dataset.relabel_continuing_rewards=raw"
+            )
 
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is

@@ -25,11 +25,19 @@ reach themselves** show it: the goal is the achieved goal after one of the windo
 drawn uniformly, and the relabelled episode goes on past it to the end of the episode, every
 step rewarded for where it ends. The data passes some goals at speed and comes to rest at
 others (the maze controller settles at every cell centre), so these windows' values, the
-rewards to come, tell a goal the point stays at from one it passes. But a window's few steps
-seldom leave the goal's radius, so nearly all of them are rewarded, and the values (a sum of
-many rewards) exceed the value bins, which are fit on the dataset's own values (one reward an
-episode): they are encoded as the top bin, and say "at the goal" however long the point stays
-(`GoalRelabelledWindows.reached_values_above_bins` measures it; tt-train warns).
+rewards to come, tell a goal the point stays at from one it passes.
+
+**The scale of a continuing episode's rewards.** A dataset episode that ends on arrival has
+one reward, 1, and its values lie in [0, 1]; the value bins are fit on them. A continuing
+episode rewards every step at the goal, and a window's few steps seldom leave the goal's
+radius, so its values (sums of many rewards, up to about 60 on the mazes) would lie above the
+bins, be encoded as the top bin, and say "at the goal" however long the point stays. So each
+reward of a continuing episode is multiplied by 1 - discount (`continuing_rewards="scaled"`, the
+default): staying at the goal for good is then worth 1, what the dataset's episodes give
+arriving (their reward, the episode truncated there), and a point that rests at the goal for a
+while is worth more than one that passes through, within the bins. `"raw"` keeps the
+environment's rewards, as models were trained before; `continuing_values_above_bins` measures
+what falls above the bins, and tt-train warns.
 
 `GoalRelabelledWindows` relabels each window of a batch with a later goal with probability
 `probability`, with one it reaches itself with probability `reached`, drawn from torch's global
@@ -88,6 +96,11 @@ class GoalLayout:
         return cls(achieved, desired)
 
 
+CONTINUING_REWARDS = ("scaled", "raw")
+"""The rewards of a relabelled episode that goes on past its goal: multiplied by 1 - discount, so
+that staying at the goal for good is worth 1 (`scaled`), or the environment's own (`raw`)."""
+
+
 class ValuesAboveBins(NamedTuple):
     """Value targets above the value bins' range: their `share`, the `largest` value, and the
     bins' `top` edge."""
@@ -131,6 +144,7 @@ def relabel(
     length: int,
     next_achieved: np.ndarray | None = None,
     end_at_goal: bool | np.ndarray = True,
+    continuing_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Windows of `length` transitions starting at rows `starts` (B,) of `episodes`,
     relabelled with goals `goal` (B, G) that are reached at the latest at rows `goal_steps`
@@ -140,7 +154,7 @@ def relabel(
     `next_achieved` (N, G), the achieved goal after every step, is computed if not given.
     Where `end_at_goal` (a bool, or one per window) is false, the relabelled episode goes on to
     the end of the episode, every step rewarded for where it ends (a continuing task, as the
-    mazes are evaluated)."""
+    mazes are evaluated), its rewards multiplied by `continuing_scale`."""
     if next_achieved is None:
         next_achieved = episodes.next_observations()[:, goals.achieved]
     last = episode_last_rows(episodes, starts)  # (B,)
@@ -161,6 +175,7 @@ def relabel(
         reached = (rewards[ending] >= at_goal[:, None]) | (rows[ending] == goal_steps[ending, None])
         end[ending] = np.argmax(reached, axis=1)  # the first reaching step, from the start
     rewards = np.where(np.arange(span)[None, :] <= end[:, None], rewards, 0.0)
+    rewards = np.where(end_at_goal[:, None], rewards, continuing_scale * rewards)
     # V_k = sum_{m>k, m<=end} discount^(m-k-1) r_m: a backward recursion over the span.
     values = np.zeros_like(rewards)
     following = np.zeros(len(starts))
@@ -189,7 +204,8 @@ class GoalRelabelledWindows:
     """`TokenWindows` whose batches relabel each window's goal: with probability
     `probability` with a goal its episode reaches later, with probability `reached` with one
     the window reaches itself (see the module docstring); the same windows, lengths and
-    device."""
+    device. `continuing_rewards` (one of `CONTINUING_REWARDS`) scales the rewards of the
+    relabelled episodes that go on past their goal."""
 
     def __init__(
         self,
@@ -202,11 +218,17 @@ class GoalRelabelledWindows:
         probability: float,
         end_at_goal: bool = True,
         reached: float = 0.0,
+        continuing_rewards: str = "scaled",
     ) -> None:
         if min(probability, reached) < 0.0 or probability + reached > 1.0:
             raise ValueError(
                 "the relabelling probabilities must be at least 0 and sum to at most 1, got "
                 f"{probability} (a later goal) and {reached} (a goal the window reaches)"
+            )
+        if continuing_rewards not in CONTINUING_REWARDS:
+            raise ValueError(
+                f"continuing_rewards must be one of {', '.join(CONTINUING_REWARDS)}, got "
+                f"{continuing_rewards!r}"
             )
         self.windows = windows
         self.episodes = episodes
@@ -217,6 +239,13 @@ class GoalRelabelledWindows:
         self.probability = probability
         self.end_at_goal = end_at_goal
         self.reached = reached
+        self.continuing_rewards = continuing_rewards
+        self._continuing_scale = 1.0 - discount if continuing_rewards == "scaled" else 1.0
+        if self.continuing > 0 and self._continuing_scale <= 0.0:
+            raise ValueError(
+                "scaled continuing rewards (1 - discount a step at the goal) need a discount "
+                f"below 1, got {discount}; set dataset.relabel_continuing_rewards=raw"
+            )
         self._next_achieved = episodes.next_observations()[:, goals.achieved]  # (N, G)
 
     def __len__(self) -> int:
@@ -254,20 +283,28 @@ class GoalRelabelledWindows:
             L,
             self._next_achieved,
             later & self.end_at_goal,
+            self._continuing_scale,
         )
 
-    def reached_values_above_bins(self, count: int = 2048, seed: int = 0) -> ValuesAboveBins:
-        """Of the value targets of `count` windows relabelled with a goal they reach (drawn
-        with numpy's generator `seed`: torch's, a run's saved state, is left alone), the share
-        above the value bins' top edge, the largest, and that edge. The bins are fit on the
-        dataset's own values, and a value above them is encoded as the top bin, and clipped to
-        it as an input: such windows' values then say "at the goal" however long the point
-        stays."""
+    @property
+    def continuing(self) -> float:
+        """The share of the windows relabelled with an episode that goes on past its goal."""
+        return self.reached + (0.0 if self.end_at_goal else self.probability)
+
+    def continuing_values_above_bins(self, count: int = 2048, seed: int = 0) -> ValuesAboveBins:
+        """Of the value targets of `count` windows whose relabelled episode goes on past its
+        goal (drawn with numpy's generator `seed`: torch's, a run's saved state, is left
+        alone; a later goal or one the window reaches, in the shares that batches draw them),
+        the share above the value bins' top edge, the largest, and that edge. The bins are fit
+        on the dataset's own values, and a value above them is encoded as the top bin, and
+        clipped to it as an input: such windows' values then say "at the goal" however long
+        the point stays. With scaled rewards, none is above."""
+        if self.continuing == 0:
+            raise ValueError("no window is relabelled with an episode that goes on past its goal")
         generator = np.random.default_rng(seed)
         starts = generator.integers(0, len(self.windows), count)
-        transitions, valid = self._relabelled(
-            starts, np.zeros(count, dtype=bool), generator.random(count)
-        )
+        later = generator.random(count) >= self.reached / self.continuing
+        transitions, valid = self._relabelled(starts, later, generator.random(count))
         values = transitions[..., -1][valid]
         top = float(self.discretizer.fitted_range()[1][-1])  # the value's
         return ValuesAboveBins(float(np.mean(values > top)), float(values.max()), top)

@@ -20,6 +20,7 @@ import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
+from trajectory_transformer.data.goals import continuing_share
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
@@ -179,15 +180,6 @@ def value_targets_of(config: dict) -> tuple[float, float]:
     return dataset.get("discount", DISCOUNT), dataset.get("terminal_penalty", TERMINAL_PENALTY)
 
 
-def continues_past_goal(dataset_config: dict) -> bool:
-    """Whether a tt-train dataset config relabels windows with episodes that go on past their
-    goal (`relabel_reached`, or later goals with `relabel_end_at_goal=false`)."""
-    return dataset_config.get("relabel_reached", 0) > 0 or (
-        dataset_config.get("relabel_goals", 0) > 0
-        and not dataset_config.get("relabel_end_at_goal", True)
-    )
-
-
 def build_payload(
     model: TrajectoryGPT,
     discretizer: Discretizer,
@@ -335,6 +327,15 @@ def check_compatible(
     compare("dataset.discount", saved_discount, dataset_config["discount"])
     compare("dataset.terminal_penalty", saved_penalty, dataset_config["terminal_penalty"])
     saved_dataset = payload["config"].get("dataset", {})
+
+    def continues_past_goal(config: dict) -> bool:
+        share = continuing_share(
+            config.get("relabel_goals", 0.0),
+            config.get("relabel_end_at_goal", True),
+            config.get("relabel_reached", 0.0),
+        )
+        return share > 0
+
     if continues_past_goal(saved_dataset) and continues_past_goal(dataset_config):
         # The scale of those episodes' rewards; runs before the setting had raw ones.
         compare(

@@ -123,15 +123,6 @@ class DatasetConfig:
             lambda x: finite(x) and 0 <= x <= 1 - self.relabel_goals,
             "in [0, 1 - dataset.relabel_goals]",
         )
-        continuing = self.relabel_reached > 0 or (
-            self.relabel_goals > 0 and not self.relabel_end_at_goal
-        )
-        if continuing and self.relabel_continuing_rewards == "scaled" and self.discount >= 1:
-            raise ValueError(
-                "dataset.relabel_continuing_rewards=scaled multiplies the rewards of relabelled "
-                "episodes that go on past their goal by 1 - dataset.discount, which is 0 with "
-                "discount 1; set a discount below 1, or dataset.relabel_continuing_rewards=raw"
-            )
 
 
 # Hydra needs mutable schemas; derived from the library's frozen configs, each field is

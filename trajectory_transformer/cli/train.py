@@ -219,24 +219,23 @@ def relabelled_windows(
     info: DatasetInfo,
 ) -> GoalRelabelledWindows:
     """The training windows with hindsight goals (`dataset.relabel_goals`), their rewards
-    from the dataset's evaluation env; a dataset that is not goal-conditioned is refused."""
+    from the dataset's evaluation env; a dataset that is not goal-conditioned, or settings
+    it cannot relabel with, are refused in one line."""
     try:
-        goals = GoalLayout.of(info.observation_layout)
-        reward = env_goal_reward(info.make_env())
+        return GoalRelabelledWindows(
+            windows,
+            episodes,
+            discretizer,
+            GoalLayout.of(info.observation_layout),
+            env_goal_reward(info.make_env()),
+            cfg.dataset.discount,
+            cfg.dataset.relabel_goals,
+            cfg.dataset.relabel_end_at_goal,
+            cfg.dataset.relabel_reached,
+            cfg.dataset.relabel_continuing_rewards,
+        )
     except ValueError as error:
         raise ConfigError(str(error)) from None
-    return GoalRelabelledWindows(
-        windows,
-        episodes,
-        discretizer,
-        goals,
-        reward,
-        cfg.dataset.discount,
-        cfg.dataset.relabel_goals,
-        cfg.dataset.relabel_end_at_goal,
-        cfg.dataset.relabel_reached,
-        cfg.dataset.relabel_continuing_rewards,
-    )
 
 
 def train(cfg: TrainConfig) -> Path | None:

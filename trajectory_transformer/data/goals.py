@@ -36,8 +36,8 @@ reward of a continuing episode is multiplied by 1 - discount (`continuing_reward
 default): staying at the goal for good is then worth 1, what the dataset's episodes give
 arriving (their reward, the episode truncated there), and a point that rests at the goal for a
 while is worth more than one that passes through, within the bins. `"raw"` keeps the
-environment's rewards, as models were trained before; `continuing_values_above_bins` measures
-what falls above the bins, and tt-train warns.
+environment's rewards (the held comparison on large was trained so);
+`continuing_values_above_bins` measures what falls above the bins, and tt-train warns.
 
 `GoalRelabelledWindows` relabels each window of a batch with a later goal with probability
 `probability`, with one it reaches itself with probability `reached`, drawn from torch's global
@@ -99,6 +99,12 @@ class GoalLayout:
 CONTINUING_REWARDS = ("scaled", "raw")
 """The rewards of a relabelled episode that goes on past its goal: multiplied by 1 - discount, so
 that staying at the goal for good is worth 1 (`scaled`), or the environment's own (`raw`)."""
+
+
+def continuing_share(later: float, end_at_goal: bool, reached: float) -> float:
+    """The share of the windows relabelled with an episode that goes on past its goal, of those
+    relabelled with a later goal (`later`) and with one they reach (`reached`)."""
+    return reached + (0.0 if end_at_goal else later)
 
 
 class ValuesAboveBins(NamedTuple):
@@ -289,7 +295,7 @@ class GoalRelabelledWindows:
     @property
     def continuing(self) -> float:
         """The share of the windows relabelled with an episode that goes on past its goal."""
-        return self.reached + (0.0 if self.end_at_goal else self.probability)
+        return continuing_share(self.probability, self.end_at_goal, self.reached)
 
     def continuing_values_above_bins(self, count: int = 2048, seed: int = 0) -> ValuesAboveBins:
         """Of the value targets of `count` windows whose relabelled episode goes on past its

@@ -31,7 +31,7 @@ from render_results import RECORDS, write_measured
 
 from trajectory_transformer.checkpoint import checkpoint_file, read_payload, value_targets_of
 from trajectory_transformer.cli.common import planner_settings
-from trajectory_transformer.data.goals import GoalLayout
+from trajectory_transformer.data.goals import GoalLayout, continuing_rewards_of
 from trajectory_transformer.evaluation.agent import PlanningAgent
 from trajectory_transformer.evaluation.envs import make_vector_env
 from trajectory_transformer.evaluation.loop import evaluate
@@ -124,8 +124,7 @@ def model_name(planner: BeamPlanner, trained_steps: int | None) -> str:
     dataset = planner.training_config.get("dataset", {})
     if reached := dataset.get("relabel_reached"):
         name += f", relabel_reached {reached:g}"
-        # Runs before relabel_continuing_rewards had raw rewards past the goal.
-        if dataset.get("relabel_continuing_rewards", "raw") == "scaled":
+        if continuing_rewards_of(dataset) == "scaled":
             name += " (scaled)"
     if (seed := planner.training_config.get("seed")) is not None:
         name += f", seed {seed}"

@@ -275,6 +275,7 @@ def test_resuming_refuses_another_scale_of_the_rewards_past_a_relabelled_goal(tm
     config = GPTConfig(**payload["model_config"])
     now = {"discount": 0.99, "terminal_penalty": -100.0, "discretizer": "uniform"}
     now |= {"n_bins": 16, "bin_values": "mean", "relabel_reached": 0.25}
+    now |= {"relabel_continuing_rewards": "scaled"}
     with pytest.raises(
         CheckpointError, match=r"relabel_continuing_rewards: checkpoint 'raw', now 'scaled'"
     ):

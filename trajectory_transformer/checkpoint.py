@@ -20,7 +20,7 @@ import torch
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import DISCOUNT, TERMINAL_PENALTY
-from trajectory_transformer.data.goals import continuing_share
+from trajectory_transformer.data.goals import continuing_rewards_of
 from trajectory_transformer.data.minari_source import DatasetInfo
 from trajectory_transformer.model import GPTConfig, TrajectoryGPT
 
@@ -326,23 +326,11 @@ def check_compatible(
     saved_discount, saved_penalty = value_targets_of(payload["config"])
     compare("dataset.discount", saved_discount, dataset_config["discount"])
     compare("dataset.terminal_penalty", saved_penalty, dataset_config["terminal_penalty"])
-    saved_dataset = payload["config"].get("dataset", {})
-
-    def continues_past_goal(config: dict) -> bool:
-        share = continuing_share(
-            config.get("relabel_goals", 0.0),
-            config.get("relabel_end_at_goal", True),
-            config.get("relabel_reached", 0.0),
-        )
-        return share > 0
-
-    if continues_past_goal(saved_dataset) and continues_past_goal(dataset_config):
-        # The scale of those episodes' rewards; runs before the setting had raw ones.
-        compare(
-            "dataset.relabel_continuing_rewards",
-            saved_dataset.get("relabel_continuing_rewards", "raw"),
-            dataset_config.get("relabel_continuing_rewards", "scaled"),
-        )
+    # The scale of the rewards past a relabelled goal, where both runs have such windows.
+    saved_scale = continuing_rewards_of(payload["config"].get("dataset", {}))
+    now_scale = continuing_rewards_of(dataset_config)
+    if saved_scale is not None and now_scale is not None:
+        compare("dataset.relabel_continuing_rewards", saved_scale, now_scale)
     saved_strategy = payload["discretizer"]["strategy"]
     compare("dataset.discretizer", saved_strategy, dataset_config["discretizer"])
     compare("dataset.n_bins", saved_model.get("n_bins"), dataset_config["n_bins"])

@@ -718,3 +718,17 @@ def test_a_shared_training_made_under_other_defaults_is_refused(tmp_path):
     # Overrides that give the settings it was trained with find it again.
     again = Job("train", [*args, "trainer.learning_rate=6e-4"], job.run_dir)
     compare_cli.check_trained_settings([again])
+
+    # A training with windows that go on past their goal, from before their rewards' scale was
+    # a setting, had raw ones; today's default scales them.
+    payload["config"]["dataset"]["relabel_reached"] = 0.25
+    del payload["config"]["dataset"]["relabel_continuing_rewards"]
+    torch.save(payload, job.checkpoint)
+    reaching = [*again.args, "dataset.relabel_reached=0.25"]
+    with pytest.raises(
+        compare_cli.ConfigError,
+        match=r"dataset\.relabel_continuing_rewards: trained 'raw', now 'scaled'",
+    ):
+        compare_cli.check_trained_settings([Job("train", reaching, job.run_dir)])
+    raw = [*reaching, "dataset.relabel_continuing_rewards=raw"]
+    compare_cli.check_trained_settings([Job("train", raw, job.run_dir)])

@@ -379,3 +379,12 @@ def test_on_a_maze_dataset_relabelling_with_its_own_goals_gives_back_its_targets
         )
         assert valid.all()
         np.testing.assert_allclose(transitions[0], expected[start : last + 1], rtol=1e-5)
+
+
+def test_the_rewards_past_the_goal_that_a_config_trains_with():
+    from trajectory_transformer.data.goals import continuing_rewards_of
+
+    assert continuing_rewards_of({"relabel_goals": 0.5}) is None  # episodes end at their goals
+    assert continuing_rewards_of({"relabel_reached": 0.25}) == "raw"  # before the setting
+    going_on = {"relabel_goals": 0.5, "relabel_end_at_goal": False}
+    assert continuing_rewards_of(going_on | {"relabel_continuing_rewards": "scaled"}) == "scaled"

@@ -61,6 +61,7 @@ from trajectory_transformer.comparison.protocol import (
     summarize,
 )
 from trajectory_transformer.data import reference_scores
+from trajectory_transformer.data.goals import continuing_rewards_of
 from trajectory_transformer.data.minari_source import local_eval_env_id
 from trajectory_transformer.data.reference_scores import ReferenceScoreError
 
@@ -169,7 +170,8 @@ def check_trained_settings(trainings: list[Job]) -> None:
     """Refuse a training on disk (finished, or to be resumed) whose settings differ from what
     its overrides compose to now. Trainings are shared by their overrides: once the defaults
     change (a new version), the same overrides name another training, and the folder holds
-    the old one. A setting that an older checkpoint lacks had its default then."""
+    the old one. A setting that an older checkpoint lacks had its default then (the rewards
+    past a relabelled goal: raw)."""
     for job in trainings:
         saved = job.saved_config()
         if saved is None:
@@ -177,6 +179,8 @@ def check_trained_settings(trainings: list[Job]) -> None:
         name, schema, sections = TRAINED_SETTINGS[job.kind]
         now = OmegaConf.to_container(compose_checked(name, job.args), resolve=True)
         then = flat(OmegaConf.to_container(OmegaConf.structured(schema))) | flat(saved)
+        if (scale := continuing_rewards_of(saved.get("dataset", {}))) is not None:
+            then["dataset.relabel_continuing_rewards"] = scale  # raw where it names none
         differences = [
             f"{key}: trained {then.get(key)!r}, now {value!r}"
             for key, value in flat({key: now[key] for key in sections}).items()

@@ -107,6 +107,18 @@ def continuing_share(later: float, end_at_goal: bool, reached: float) -> float:
     return reached + (0.0 if end_at_goal else later)
 
 
+def continuing_rewards_of(dataset_config: dict) -> str | None:
+    """The rewards past the goal that a tt-train run's `dataset` config trains with: None where
+    no window goes on past its goal, `raw` where it names none (runs before the setting had
+    the environment's rewards)."""
+    share = continuing_share(
+        dataset_config.get("relabel_goals", 0.0),
+        dataset_config.get("relabel_end_at_goal", True),
+        dataset_config.get("relabel_reached", 0.0),
+    )
+    return dataset_config.get("relabel_continuing_rewards", "raw") if share > 0 else None
+
+
 class ValuesAboveBins(NamedTuple):
     """Value targets above the value bins' range: their `share`, the `largest` value, and the
     bins' `top` edge."""

@@ -193,35 +193,26 @@ def test_windows_relabelled_with_a_goal_they_reach_go_on_past_it_rewarded_where_
         assert valid[0].tolist() == [window + step < len(positions) for step in range(3)]
         assert mask[window].tolist() == np.repeat(valid[0], windows.transition_dim).tolist()
     # By hand, from step 1 (at 3 after it, then at rest at 4) with the goal 4: rewarded while
-    # at rest; each value is what is left of those rewards.
-    want, _ = relabel(
-        episodes,
-        GOALS,
-        within_half,
-        0.5,
-        np.array([1]),
-        np.array([[4.0]]),
-        np.array([1]),
-        5,
-        end_at_goal=False,
-    )
-    np.testing.assert_array_equal(want[0, :, 4], [1.0, 1.0, 1.0, 0.0, 0.0])
-    np.testing.assert_allclose(want[0, :, 5], [1.5, 1.0, 0.0, 0.0, 0.0])
-    # Scaled by 1 - discount = 0.5, each reward is 0.5: V_0 = 0.5 + 0.5 * 0.5.
-    scaled, _ = relabel(
-        episodes,
-        GOALS,
-        within_half,
-        0.5,
-        np.array([1]),
-        np.array([[4.0]]),
-        np.array([1]),
-        5,
-        end_at_goal=False,
-        continuing_scale=0.5,
-    )
-    np.testing.assert_array_equal(scaled[0, :, 4], [0.5, 0.5, 0.5, 0.0, 0.0])
-    np.testing.assert_allclose(scaled[0, :, 5], [0.75, 0.5, 0.0, 0.0, 0.0])
+    # at rest; each value is what is left of those rewards. Scaled by 1 - discount = 0.5, each
+    # reward is 0.5: V_0 = 0.5 + 0.5 * 0.5.
+    for scale, rewards, values in [
+        (1.0, [1.0, 1.0, 1.0, 0.0, 0.0], [1.5, 1.0, 0.0, 0.0, 0.0]),
+        (0.5, [0.5, 0.5, 0.5, 0.0, 0.0], [0.75, 0.5, 0.0, 0.0, 0.0]),
+    ]:
+        want, _ = relabel(
+            episodes,
+            GOALS,
+            within_half,
+            0.5,
+            np.array([1]),
+            np.array([[4.0]]),
+            np.array([1]),
+            5,
+            end_at_goal=False,
+            continuing_scale=scale,
+        )
+        np.testing.assert_array_equal(want[0, :, 4], rewards)
+        np.testing.assert_allclose(want[0, :, 5], values)
 
 
 def test_scaled_rewards_apply_to_continuing_episodes_alone():

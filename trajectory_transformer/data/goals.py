@@ -316,7 +316,8 @@ class GoalRelabelledWindows:
         the share above the value bins' top edge, the largest, and that edge. The bins are fit
         on the dataset's own values, and a value above them is encoded as the top bin, and
         clipped to it as an input: such windows' values then say "at the goal" however long
-        the point stays. With scaled rewards, none is above."""
+        the point stays. Scaled rewards keep them within 1, the top of bins fit on episodes
+        that reach their goals."""
         if self.continuing == 0:
             raise ValueError("no window is relabelled with an episode that goes on past its goal")
         generator = np.random.default_rng(seed)

@@ -326,18 +326,18 @@ def train_on(cfg: TrainConfig, dist: Distributed) -> Path | None:
             f"{cfg.dataset.relabel_reached:.0%} with one they reach themselves "
             "(dataset.relabel_reached)"
         )
-    if isinstance(windows, GoalRelabelledWindows) and windows.continuing > 0 and dist.is_main:
-        above = windows.continuing_values_above_bins()  # a check, said by rank 0 alone
-        if above.share >= 0.01:
-            say(
-                f"warning: {above.share:.0%} of the value targets of the windows relabelled "
-                "with an episode that goes on past its goal (dataset.relabel_reached, or "
-                "dataset.relabel_end_at_goal=false) lie above the value bins (fit on the "
-                f"dataset's own values, up to {above.top:.3g}), up to {above.largest:.3g}: they "
-                "are encoded as the top bin, so these values say 'at the goal' however long "
-                "the point stays there; dataset.relabel_continuing_rewards=scaled keeps them "
-                "within the bins"
-            )
+        if windows.continuing > 0 and dist.is_main:  # a check, said by rank 0 alone
+            above = windows.continuing_values_above_bins()
+            if above.share >= 0.01:
+                say(
+                    f"warning: {above.share:.0%} of the value targets of the windows "
+                    "relabelled with an episode that goes on past its goal "
+                    "(dataset.relabel_reached, or dataset.relabel_end_at_goal=false) lie above "
+                    "the value bins (fit on the dataset's own values, up to "
+                    f"{above.top:.3g}), up to {above.largest:.3g}: they are encoded as the top "
+                    "bin, so these values say 'at the goal' however long the point stays "
+                    "there; dataset.relabel_continuing_rewards=scaled keeps them within the bins"
+                )
     validation = None
     if held_out is not None:
         held_out_transitions = joint_transitions(

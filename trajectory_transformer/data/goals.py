@@ -257,7 +257,6 @@ class GoalRelabelledWindows:
         self.probability = probability
         self.end_at_goal = end_at_goal
         self.reached = reached
-        self.continuing_rewards = continuing_rewards
         self._continuing_scale = 1.0 - discount if continuing_rewards == "scaled" else 1.0
         if self.continuing > 0 and self._continuing_scale <= 0.0:
             raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from dataclasses import replace
 
 import torch
 
@@ -345,4 +346,46 @@ def tiny_training_info():
 
     return DatasetInfo(
         "test/tiny-v0", None, "Pendulum-v1", 2, 1, [-2.0], [2.0], None, None, 20, 300
+    )
+
+
+MAZE_SPACE = gym.spaces.Dict(
+    {
+        "observation": gym.spaces.Box(-np.inf, np.inf, (4,), np.float64),
+        "achieved_goal": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64),
+        "desired_goal": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64),
+    }
+)
+
+
+def synthetic_maze_dataset(dataset_id: str = "test/dict-maze-v0", episodes: int = 8):
+    """Random goal-conditioned episodes of 12-14 steps with a sparse reward at the end, PointMaze's
+    observation keys, its UMaze as the env (goal rewards from its compute_reward)."""
+    import gymnasium_robotics
+
+    gym.register_envs(gymnasium_robotics)
+    rng = np.random.default_rng(0)
+    buffers = []
+    for i in range(episodes):
+        n = 12 + i % 3
+        position = np.cumsum(rng.normal(0, 0.1, (n + 1, 2)), axis=0)
+        goal = np.repeat(rng.uniform(-1, 1, (1, 2)), n + 1, axis=0)
+        velocity = rng.normal(0, 1, (n + 1, 2))
+        observations = {
+            "observation": np.concatenate([position, velocity], axis=1),
+            "achieved_goal": position,
+            "desired_goal": goal,
+        }
+        buffer = make_episode(rng, n, 1, 2, terminated=False, seed=i)
+        rewards = np.zeros(n)
+        rewards[-1] = 1.0
+        buffers.append(replace(buffer, observations=observations, rewards=rewards))
+    return create_dataset(
+        dataset_id,
+        buffers=buffers,
+        observation_space=MAZE_SPACE,
+        env="PointMaze_UMaze-v3",
+        ref_scores=(0.0, 100.0),
+        action_bound=1.0,
+        act_dim=2,
     )

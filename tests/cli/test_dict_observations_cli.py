@@ -5,52 +5,13 @@ tt-eval, the evaluation env flattened as the dataset was."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import gymnasium as gym
 import gymnasium_robotics
-import numpy as np
 import torch
-from conftest import TINY_TRAINING, create_dataset, make_episode, run_module
+from conftest import TINY_TRAINING, run_module, synthetic_maze_dataset
 
 gym.register_envs(gymnasium_robotics)
-
-SPACE = gym.spaces.Dict(
-    {
-        "observation": gym.spaces.Box(-np.inf, np.inf, (4,), np.float64),
-        "achieved_goal": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64),
-        "desired_goal": gym.spaces.Box(-np.inf, np.inf, (2,), np.float64),
-    }
-)
-
-
-def synthetic_maze_dataset(dataset_id: str = "test/dict-maze-v0", episodes: int = 8):
-    """Random goal-conditioned episodes of 12-14 steps with a sparse reward at the end."""
-    rng = np.random.default_rng(0)
-    buffers = []
-    for i in range(episodes):
-        n = 12 + i % 3
-        position = np.cumsum(rng.normal(0, 0.1, (n + 1, 2)), axis=0)
-        goal = np.repeat(rng.uniform(-1, 1, (1, 2)), n + 1, axis=0)
-        velocity = rng.normal(0, 1, (n + 1, 2))
-        observations = {
-            "observation": np.concatenate([position, velocity], axis=1),
-            "achieved_goal": position,
-            "desired_goal": goal,
-        }
-        buffer = make_episode(rng, n, 1, 2, terminated=False, seed=i)
-        rewards = np.zeros(n)
-        rewards[-1] = 1.0
-        buffers.append(replace(buffer, observations=observations, rewards=rewards))
-    return create_dataset(
-        dataset_id,
-        buffers=buffers,
-        observation_space=SPACE,
-        env="PointMaze_UMaze-v3",
-        ref_scores=(0.0, 100.0),
-        action_bound=1.0,
-        act_dim=2,
-    )
 
 
 def test_a_dict_dataset_trains_and_plans_end_to_end(tmp_path):

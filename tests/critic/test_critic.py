@@ -257,6 +257,10 @@ def test_the_command_line_trains_resumes_and_the_iql_policy_plays(tmp_path, tiny
     assert checkpoint.dataset.dataset_id == "test/tiny-v0" and checkpoint.training["step"] == 6
     assert (run / "metrics.jsonl").read_text().count("train/q_loss") == 3
 
+    # A critic from before hindsight goals has no critic.relabel_goals: it trained without.
+    payload = read_critic_payload(run / "critic.pt")
+    del payload["config"]["critic"]["relabel_goals"]
+    save_atomic(payload, run / "critic.pt")
     again = run_module(
         "trajectory_transformer.cli.train_critic",
         *CLI,

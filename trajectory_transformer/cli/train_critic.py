@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from trajectory_transformer.checkpoint import CheckpointError, save_atomic
 from trajectory_transformer.cli.common import (
     INTERRUPTED_EXIT_CODE,
+    ConfigError,
     command,
     resolve_device,
     to_container,
@@ -24,15 +25,47 @@ from trajectory_transformer.cli.common import (
 from trajectory_transformer.cli.schemas import TrainCriticConfig
 from trajectory_transformer.cli.train import MetricsLog, make_wandb_logger
 from trajectory_transformer.critic.model import (
+    IQLCritic,
     build_critic_payload,
     check_critic_matches,
     critic_from_payload,
     read_critic_payload,
 )
-from trajectory_transformer.critic.training import CriticTrainer, critic_transitions, new_critic
-from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.critic.training import (
+    CriticTrainer,
+    GoalRelabelledTransitions,
+    Transitions,
+    critic_transitions,
+    new_critic,
+)
+from trajectory_transformer.data.episodes import Episodes
+from trajectory_transformer.data.goals import GoalLayout, env_goal_reward
+from trajectory_transformer.data.minari_source import DatasetInfo, load_episodes
 
 CHECKPOINT = "critic.pt"
+
+
+def goal_transitions(
+    transitions: Transitions, episodes: Episodes, info: DatasetInfo, critic: IQLCritic, share: float
+) -> GoalRelabelledTransitions:
+    """`transitions` conditioned on hindsight goals (`critic.relabel_goals`, `share`), their
+    rewards from the dataset's evaluation env, scaled as `critic` records; a dataset that is
+    not goal-conditioned is refused in one line."""
+    try:
+        return GoalRelabelledTransitions(
+            transitions,
+            episodes,
+            GoalLayout.of(info.observation_layout),
+            env_goal_reward(info.make_env()),
+            share,
+            critic.discount,
+            critic.reward_scale,
+            critic.reward_bias,
+        )
+    except ValueError as error:
+        raise ConfigError(
+            str(error).replace("dataset.relabel_goals=0", "critic.relabel_goals=0")
+        ) from None
 
 
 def train_critic(cfg: TrainCriticConfig) -> Path:
@@ -50,7 +83,8 @@ def train_critic(cfg: TrainCriticConfig) -> Path:
     if resume is not None:
         critic, policy, trained_on = critic_from_payload(resume)
         check_critic_matches(trained_on, info, cfg.resume)
-        saved = resume["config"]["critic"]
+        # A critic from before hindsight goals trained on the dataset's own.
+        saved = {"relabel_goals": 0.0} | resume["config"]["critic"]
         differences = [
             f"critic.{key}: checkpoint {saved.get(key)!r}, now {value!r}"
             for key, value in config["critic"].items()
@@ -66,6 +100,15 @@ def train_critic(cfg: TrainCriticConfig) -> Path:
         critic, policy = new_critic(episodes, cfg.critic, info.action_low, info.action_high)
     critic, policy = critic.to(device), policy.to(device)
     transitions = critic_transitions(critic, episodes, device)
+    if cfg.critic.relabel_goals > 0:
+        transitions = goal_transitions(
+            transitions, episodes, info, critic, cfg.critic.relabel_goals
+        )
+        print(
+            f"goals: {cfg.critic.relabel_goals:.0%} of every batch conditioned on a goal its "
+            "episode reaches later (critic.relabel_goals); reaching a goal terminates with "
+            "the return of staying there"
+        )
     checkpoint = run_dir / CHECKPOINT
 
     def save(training_state: dict) -> Path:

@@ -18,6 +18,11 @@ reward tokens do, so that a critic-scored search adds planned rewards and Q valu
 reward. They are normalised as IQL does before training (`reward_scale * r + reward_bias`;
 `normalize_returns` is its rule for locomotion, 1000 / (max - min episode return)), and
 observations are standardised; all of it is stored with the critic.
+
+On a goal-conditioned dataset, `relabel_goals` conditions a share of every batch on a goal its
+episode reaches later (HER's "future" goals, `GoalRelabelledTransitions`), so that TD learning
+chains the data's paths into values of goals far away. Every row's reward and termination are
+then the goal's: reaching it ends the episode with the return of staying there for good.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import torch.nn.functional as F
 
 from trajectory_transformer.critic.model import CriticShape, IQLCritic, IQLPolicy
 from trajectory_transformer.data.episodes import TERMINAL_PENALTY, Episodes, penalized_rewards
+from trajectory_transformer.data.goals import GoalLayout, GoalReward, episode_last_rows
 from trajectory_transformer.progress import format_duration, progress_bar
 from trajectory_transformer.training.interrupts import StopRequests
 from trajectory_transformer.training.schedule import (
@@ -87,6 +93,12 @@ class CriticConfig:
     """IQL's locomotion rule: `reward_scale` becomes 1000 / (max - min episode return)."""
     normalize_observations: bool = True
     """Standardise observations by the data's mean and standard deviation."""
+    relabel_goals: float = 0.0
+    """Share of every batch conditioned on a goal its episode reaches later instead of the
+    dataset's (goal-conditioned datasets only, as tt-train's `dataset.relabel_goals`). Above 0,
+    every row's reward and termination are its goal's: reaching it terminates, with the return
+    of staying there for good (the env's reward at the goal / (1 - discount)), so that the Q
+    values add to a maze search's planned rewards. 0: the dataset's own rewards."""
     time_budget: str | None = None
     """Wall-clock training time, e.g. `10m` (over all resumes): the run stops there."""
     checkpoint_every: int = 5000
@@ -107,6 +119,7 @@ class CriticConfig:
         for name in ("beta", "max_advantage_weight", "learning_rate", "reward_scale"):
             require(name, lambda x: finite(x) and x > 0, "a finite number > 0")
         require("reward_bias", finite, "a finite number")
+        require("relabel_goals", lambda x: finite(x) and 0 <= x <= 1, "in [0, 1]")
         require("terminal_penalty", finite, "a finite number")
         for name in ("hidden_dim", "hidden_layers", "batch_size", "steps"):
             require(name, lambda x: x >= 1, "at least 1")
@@ -129,7 +142,10 @@ class Transitions:
     def __len__(self) -> int:
         return len(self.rewards)
 
-    def batch(self, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def batch(
+        self, rows: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """(s, a, r, s', terminated) of `rows`; `generator` draws nothing here."""
         return tuple(
             t[rows]
             for t in (
@@ -139,6 +155,72 @@ class Transitions:
                 self.next_observations,
                 self.terminated,
             )
+        )
+
+
+class GoalRelabelledTransitions:
+    """`Transitions` whose batches are conditioned on goals: each row, with probability
+    `probability`, on the achieved goal after a step of its episode drawn uniformly from its
+    own onwards (HER's "future" strategy), else on its own desired goal. A row's reward is
+    the goal's (`reward` of its next achieved goal), and a row that reaches its goal
+    terminates with `reward / (1 - discount)`, the return of staying there for good, as a
+    maze's evaluation counts every step at the goal; every reward scaled as `transitions`'
+    (`scale * r + bias`)."""
+
+    def __init__(
+        self,
+        transitions: Transitions,
+        episodes: Episodes,
+        goals: GoalLayout,
+        reward: GoalReward,
+        probability: float,
+        discount: float,
+        scale: float,
+        bias: float,
+    ) -> None:
+        if not 0 < probability <= 1:
+            raise ValueError(f"the relabelling probability must be in (0, 1], got {probability}")
+        self.transitions = transitions
+        self.goals, self.reward = goals, reward
+        self.probability, self.discount = probability, discount
+        self.scale, self.bias = scale, bias
+        rows = np.arange(len(episodes.rewards))
+        self._last = episode_last_rows(episodes, rows)  # (N,)
+        self._next_achieved = episodes.next_observations()[:, goals.achieved]  # (N, G)
+        self.rewards = transitions.rewards  # the device's, for `CriticTrainer`
+
+    def __len__(self) -> int:
+        return len(self.transitions)
+
+    def batch(
+        self, rows: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """(s, a, r, s', terminated) of `rows`, each conditioned on its goal; `generator` (on
+        the transitions' device) draws which rows are relabelled and their goals' steps."""
+        device = self.transitions.rewards.device
+        observations, actions, _, next_observations, _ = self.transitions.batch(rows)
+        draws = torch.rand(len(rows), 2, generator=generator, device=device).cpu().numpy()
+        at = rows.cpu().numpy()
+        later = draws[:, 0] < self.probability
+        steps = at + np.floor(draws[:, 1] * (self._last[at] - at + 1)).astype(np.int64)
+        steps = np.minimum(steps, self._last[at])
+        desired = observations[:, self.goals.desired].cpu().numpy()
+        goal = np.where(later[:, None], self._next_achieved[steps], desired)
+        rewards = self.reward(self._next_achieved[at], goal)  # (B,)
+        reached = rewards >= self.reward(goal, goal)
+        rewards = np.where(reached, rewards / (1.0 - self.discount), rewards)
+        as_tensor = lambda x: torch.as_tensor(x, dtype=torch.float32, device=device)  # noqa: E731
+        goal_tensor = as_tensor(goal)
+        observations = observations.clone()
+        next_observations = next_observations.clone()
+        observations[:, self.goals.desired] = goal_tensor
+        next_observations[:, self.goals.desired] = goal_tensor
+        return (
+            observations,
+            actions,
+            as_tensor(self.scale * rewards + self.bias),
+            next_observations,
+            as_tensor(reached),
         )
 
 
@@ -246,7 +328,7 @@ class CriticTrainer:
         self,
         critic: IQLCritic,
         policy: IQLPolicy,
-        transitions: Transitions,
+        transitions: Transitions | GoalRelabelledTransitions,
         cfg: CriticConfig,
         save: SaveFn,
         seed: int = 0,
@@ -272,7 +354,9 @@ class CriticTrainer:
     def train_step(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """One IQL step on the transitions `rows`; returns the losses (on the device)."""
         cfg, critic = self.cfg, self.critic
-        observations, actions, rewards, next_observations, terminated = self.transitions.batch(rows)
+        observations, actions, rewards, next_observations, terminated = self.transitions.batch(
+            rows, self.generator
+        )
         with torch.no_grad():
             target_q = torch.minimum(*critic.twin_q(observations, actions, target=True))  # (B,)
             next_value = critic.value(next_observations)  # (B,)

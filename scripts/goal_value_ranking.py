@@ -1,6 +1,6 @@
 """Does a goal-conditioned model's value rank states by how far they are from the goal?
 
-    python scripts/goal_value_ranking.py <run dir, model.pt or pretrained:<id>> ... \
+    python scripts/goal_value_ranking.py <run dir, model.pt, pretrained:<id> or critic.pt> ... \
         [--labels <name> ...] --record planner-scores/<name>
 
 Along the dataset's own episodes that reach their goal (the last reward positive: a
@@ -14,6 +14,10 @@ the goal, the share of pairs whose value rises, and the mean value against the d
 value target (`episodes.joint_transitions`: the discounted reward-to-go), which tells a value
 that is right on average but too imprecise to rank from one that is wrong. Models of one
 dataset are valued on the same pairs.
+
+A critic (`critic.pt` of tt-train-critic) is valued by its V(s). Trained on hindsight goals
+(`critic.relabel_goals`), arriving is worth staying at the goal for good, 1 / (1 - discount)
+of a model's value: its mean value is given times (1 - discount), in the model's units.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from render_results import RECORDS, write_measured
 
 from trajectory_transformer import BeamPlanner
 from trajectory_transformer.checkpoint import value_targets_of
+from trajectory_transformer.critic.model import CRITIC_FORMAT, IQLCritic, load_critic
 from trajectory_transformer.data.episodes import Episodes, joint_transitions
 from trajectory_transformer.data.minari_source import load_episodes
 
@@ -116,29 +121,58 @@ def write_record(name: str, rows: list[list[str]], horizon: int) -> Path:
     return path
 
 
+def critic_values_at(critic: IQLCritic, observations: np.ndarray) -> np.ndarray:
+    """The critic's V at each observation."""
+    with torch.no_grad():
+        return critic.value(torch.as_tensor(observations, dtype=torch.float32)).numpy()
+
+
+def is_critic(checkpoint: str) -> bool:
+    path = Path(checkpoint)
+    if not path.is_file():
+        return False
+    return torch.load(path, map_location="cpu", weights_only=True).get("kind") == CRITIC_FORMAT
+
+
 def ranking_of(
     checkpoint: str, horizon: int, pairs: int, seed: int, episodes_of: Callable[[str], Episodes]
 ) -> list[list[str]]:
     """The table's rows for one checkpoint, on its own dataset's episodes (`episodes_of(id)`)."""
-    planner = BeamPlanner.from_checkpoint(
-        checkpoint, horizon=1, beam_width=1, n_expand=1, context_transitions=0, deterministic=True
-    )
-    if planner.dataset is None:
-        raise SystemExit(f"{checkpoint} records no dataset to draw the episodes from")
-    episodes = episodes_of(planner.dataset.dataset_id)
+    if is_critic(checkpoint):
+        loaded = load_critic(checkpoint, "cpu")
+        dataset_id, critic = loaded.dataset.dataset_id, loaded.critic
+        discount, penalty = critic.discount, critic.terminal_penalty
+        to_model = 1.0 - discount if loaded.config["critic"].get("relabel_goals", 0.0) else 1.0
+        value_of = lambda obs: to_model * critic_values_at(critic, obs)  # noqa: E731
+    else:
+        planner = BeamPlanner.from_checkpoint(
+            checkpoint,
+            horizon=1,
+            beam_width=1,
+            n_expand=1,
+            context_transitions=0,
+            deterministic=True,
+        )
+        if planner.dataset is None:
+            raise SystemExit(f"{checkpoint} records no dataset to draw the episodes from")
+        dataset_id = planner.dataset.dataset_id
+        discount, penalty = value_targets_of(planner.training_config)
+        value_of = functools.partial(values_at, planner)
+    episodes = episodes_of(dataset_id)
     reached = episodes.rewards[episodes.starts + episodes.lengths - 1] > 0
     rows, left = draw_pairs(episodes.starts, episodes.lengths, reached, horizon, pairs, seed)
-    discount, penalty = value_targets_of(planner.training_config)
     truth = joint_transitions(episodes, discount, penalty)[:, -1]
-    now = values_at(planner, episodes.observations[rows[:, 0]])
-    later = values_at(planner, episodes.observations[rows[:, 1]])
+    now = value_of(episodes.observations[rows[:, 0]])
+    later = value_of(episodes.observations[rows[:, 1]])
     return ranking_rows(now, later, truth[rows[:, 0]], left)
 
 
 def main(argv: list[str] | None = None) -> list[list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "checkpoints", nargs="+", help="run dirs, model.pt files, or pretrained:<dataset id>"
+        "checkpoints",
+        nargs="+",
+        help="run dirs, model.pt files, pretrained:<dataset id>, or critic.pt files",
     )
     parser.add_argument("--labels", nargs="+", help="each checkpoint's name in the table")
     parser.add_argument("--horizon", type=int, default=9, help="steps between a pair's states")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import goal_value_ranking  # scripts/, on pytest's path
 import numpy as np
+import pytest
 
 
 def test_pairs_lie_horizon_apart_within_episodes_that_reach_their_goal():
@@ -33,3 +34,29 @@ def test_the_table_of_an_untrained_maze_model(maze_checkpoint, capsys):
         assert 0 <= int(rises.rstrip("%")) <= 100
         float(value), float(target)
     assert capsys.readouterr().out.count("|") >= 4 * len(rows)
+
+
+def test_a_critic_is_valued_by_its_v_in_the_models_units(maze_checkpoint, tmp_path):
+    import torch
+
+    from trajectory_transformer.checkpoint import save_atomic
+    from trajectory_transformer.critic.model import build_critic_payload
+    from trajectory_transformer.critic.training import CriticConfig, new_critic
+    from trajectory_transformer.data.minari_source import load_episodes
+
+    episodes, info = load_episodes("pointmaze/umaze-v0")
+    torch.manual_seed(0)
+    critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
+    torch.nn.init.constant_(critic.v[-1].bias, 50.0)  # V = 50 + a small part of the state
+    rows = {}
+    for relabel in (0.0, 0.5):
+        path = tmp_path / f"critic-{relabel}.pt"
+        config = {"critic": {"relabel_goals": relabel}}
+        save_atomic(build_critic_payload(critic, policy, info, config, {"step": 0}), path)
+        arguments = [str(path), "--pairs", "40", "--horizon", "2"]
+        rows[relabel] = goal_value_ranking.main(arguments)
+    for plain, relabelled in zip(rows[0.0], rows[0.5], strict=True):
+        assert plain[1:4] == relabelled[1:4]  # the same pairs rise or fall: V, scaled
+        # Trained on hindsight goals, arriving is worth 1 / (1 - discount) of a model's value.
+        assert float(relabelled[4]) == pytest.approx(0.01 * float(plain[4]), abs=1e-3)
+        assert 45 < float(plain[4]) < 55

@@ -18,6 +18,10 @@ and the width of its position bins (the achieved goal's, mean over their dimensi
   chosen plan's imagined next position, after the action the env then took). A search can
   keep the point at its goal only where this error is small beside the step itself. A plan
   of one transition (`planner=bc`) imagines no next position: those cells stay empty.
+
+A critic's checkpoint with `planner=iql` plays its IQL policy (no model, no plan: the bin and
+error cells stay empty), named by its dataset, its share of hindsight goals
+(`critic.relabel_goals`), its seed and steps.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from render_results import RECORDS, write_measured
 
 from trajectory_transformer.checkpoint import checkpoint_file, read_payload, value_targets_of
 from trajectory_transformer.cli.common import planner_settings
+from trajectory_transformer.critic import IQLAgent
+from trajectory_transformer.critic.model import load_critic
 from trajectory_transformer.data.goals import GoalLayout, continuing_rewards_of
 from trajectory_transformer.evaluation.agent import PlanningAgent
 from trajectory_transformer.evaluation.envs import make_vector_env
@@ -133,13 +139,27 @@ def model_name(planner: BeamPlanner, trained_steps: int | None) -> str:
     return name
 
 
+def critic_name(checkpoint: str) -> str:
+    """A critic as the table names it: its dataset, its share of hindsight goals (where it has
+    one), its seed and the steps it was trained for."""
+    loaded = load_critic(checkpoint, "cpu")
+    name = f"critic of {loaded.dataset.dataset_id}"
+    if relabelled := loaded.config.get("critic", {}).get("relabel_goals"):
+        name += f", relabel_goals {relabelled:g}"
+    if (seed := loaded.config.get("seed")) is not None:
+        name += f", seed {seed}"
+    if (steps := (loaded.training or {}).get("step")) is not None:
+        name += f", {steps:,} steps"
+    return name
+
+
 def position_bin(planner: BeamPlanner, achieved: slice) -> float:
     """The mean width of the bins of the position (the achieved goal's dimensions)."""
     edges = planner.discretizer.edges[achieved]
     return float((edges[:, -1] - edges[:, 0]).mean() / (edges.shape[1] - 1))
 
 
-def planner_of(search: list[str]) -> tuple[str, list[str], dict, BeamPlanner]:
+def planner_of(search: list[str]) -> tuple[str, list[str], dict, BeamPlanner | IQLAgent]:
     """One search's checkpoint, tt-eval planner overrides, the settings they compose to, and
     its planner on the CPU: `search` is `checkpoint=<...>` and those overrides."""
     given = [item for item in search if item.startswith("checkpoint=")]
@@ -148,6 +168,8 @@ def planner_of(search: list[str]) -> tuple[str, list[str], dict, BeamPlanner]:
     checkpoint = given[0].partition("=")[2]
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
+    if settings.get("agent") == "iql":
+        return checkpoint, overrides, settings, IQLAgent.from_checkpoint(checkpoint, "cpu")
     planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
     return checkpoint, overrides, settings, planner
 
@@ -168,15 +190,22 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> list[str]:
     """The row of one search: `checkpoint=<...>` and tt-eval's planner overrides."""
     checkpoint, overrides, settings, planner = planner_of(search)
-    # The training state alone: the planner above has built the model already.
-    trained_steps = (read_payload(checkpoint_file(checkpoint))["training"] or {}).get("step")
+    iql = isinstance(planner, IQLAgent)
+    if iql:
+        name, bin_width = critic_name(checkpoint), ""
+    else:
+        # The training state alone: the planner above has built the model already.
+        trained_steps = (read_payload(checkpoint_file(checkpoint))["training"] or {}).get("step")
+        name = model_name(planner, trained_steps)
     info = planner.dataset
     try:
         goals = GoalLayout.of(None if info is None else info.observation_layout)
     except ValueError as error:
         raise SystemExit(f"{checkpoint}: {error}") from None
     # A plan of one transition (behaviour cloning) imagines no next position: no error cells.
-    planned_ahead = settings["horizon"] >= 2
+    planned_ahead = not iql and settings["horizon"] >= 2
+    if not iql:
+        bin_width = f"{position_bin(planner, goals.achieved):.3f}"
     errors = OneStepErrors(goals.achieved, goals.desired, radius)
     env = make_vector_env(info, min(envs, episodes))
     refs = (info.ref_min_score, info.ref_max_score)
@@ -205,9 +234,9 @@ def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> 
         return ["", ""] if means is None else [f"{means[0]:.3f}", f"{means[1]:.3f}"]
 
     return [
-        model_name(planner, trained_steps),
+        name,
         ", ".join(f"`{override}`" for override in overrides),
-        f"{position_bin(planner, goals.achieved):.3f}",
+        bin_width,
         f"{summary['normalized_score_mean']:.1f} ± {summary['normalized_score_stderr']:.1f}",
         f"{reached} of {episodes}",
         "" if held is None else f"{100 * held:.0f}%",

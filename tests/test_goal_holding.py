@@ -87,3 +87,23 @@ def test_a_model_trained_on_windows_that_reach_their_goals_says_so():
     dataset = {**planner.training_config["dataset"], "relabel_continuing_rewards": "scaled"}
     planner.training_config = {**config, "dataset": dataset}
     assert "relabel_reached 0.25 (scaled), seed 0" in goal_holding.model_name(planner, 8000)
+
+
+def test_a_critics_iql_policy_plays_named_by_its_hindsight_goals(maze_checkpoint, tmp_path):
+    from trajectory_transformer.checkpoint import save_atomic
+    from trajectory_transformer.critic.model import build_critic_payload
+    from trajectory_transformer.critic.training import CriticConfig, new_critic
+    from trajectory_transformer.data.minari_source import load_episodes
+
+    episodes, info = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
+    critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
+    path = tmp_path / "critic.pt"
+    config = {"critic": {"relabel_goals": 0.8}, "seed": 3}
+    save_atomic(build_critic_payload(critic, policy, info, config, {"step": 500}), path)
+    search = f"checkpoint={path} planner=iql"
+    (row,) = goal_holding.main(["--search", search, "--episodes", "2", "--envs", "2"])
+    name, overrides, bin_width, score, reached, *_, near, error, away, away_error = row
+    assert name == "critic of pointmaze/umaze-v0, relabel_goals 0.8, seed 3, 500 steps"
+    assert overrides == "`planner=iql`" and bin_width == ""
+    assert reached.endswith("of 2") and "±" in score
+    assert near == error == away == away_error == ""  # no plan: no predicted step

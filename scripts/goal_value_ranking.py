@@ -152,6 +152,9 @@ def ranking_of(
             n_expand=1,
             context_transitions=0,
             deterministic=True,
+            # A pretrained maze model comes with its hold at the goal, which samples actions.
+            goal_radius=None,
+            goal_velocity=None,
         )
         if planner.dataset is None:
             raise SystemExit(f"{checkpoint} records no dataset to draw the episodes from")

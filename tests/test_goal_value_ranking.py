@@ -60,3 +60,11 @@ def test_a_critic_is_valued_by_its_v_in_the_models_units(maze_checkpoint, tmp_pa
         # Trained on hindsight goals, arriving is worth 1 / (1 - discount) of a model's value.
         assert float(relabelled[4]) == pytest.approx(0.01 * float(plain[4]), abs=1e-3)
         assert 45 < float(plain[4]) < 55
+
+
+def test_a_pretrained_maze_model_is_valued_without_its_hold_at_the_goal(maze_checkpoint):
+    # Its manifest plans with a hold at the goal, which samples actions: the greedy valuation
+    # of one step sets it aside.
+    arguments = ["pretrained:pointmaze/umaze-v0", "--pairs", "20", "--horizon", "2"]
+    rows = goal_value_ranking.main(arguments)
+    assert sum(int(row[2]) for row in rows) == 20

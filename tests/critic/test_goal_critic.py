@@ -3,6 +3,8 @@ by hand, values of goals far along a path learned by TD, and the command line.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -207,3 +209,11 @@ def test_the_command_line_trains_on_hindsight_goals_and_refuses_a_dataset_withou
     assert refused.returncode == 2
     assert "relabelling goals needs Dict observations" in refused.stderr
     assert "set critic.relabel_goals=0" in refused.stderr
+
+
+def test_a_true_termination_still_ends_its_row():
+    ended = np.eye(4, dtype=bool)[-1]
+    episodes = replace(line_episodes([4]), terminated=ended, truncated=np.zeros(4, bool))
+    _, _, rewards, _, terminated = relabelled(episodes, probability=1e-9).batch(torch.arange(4))
+    np.testing.assert_array_equal(terminated.numpy(), [0, 0, 0, 1])  # the goal is never reached
+    np.testing.assert_array_equal(rewards.numpy(), 0.0)

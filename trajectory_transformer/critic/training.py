@@ -165,7 +165,8 @@ class GoalRelabelledTransitions:
     the goal's (`reward` of its next achieved goal), and a row that reaches its goal
     terminates with `reward / (1 - discount)`, the return of staying there for good, as a
     maze's evaluation counts every step at the goal; every reward scaled as `transitions`'
-    (`scale * r + bias`)."""
+    (`scale * r + bias`). A true termination of the data still ends its row, without the
+    terminal penalty, as tt-train's relabelled windows carry none."""
 
     def __init__(
         self,
@@ -198,7 +199,7 @@ class GoalRelabelledTransitions:
         """(s, a, r, s', terminated) of `rows`, each conditioned on its goal; `generator` (on
         the transitions' device) draws which rows are relabelled and their goals' steps."""
         device = self.transitions.rewards.device
-        observations, actions, _, next_observations, _ = self.transitions.batch(rows)
+        observations, actions, _, next_observations, ended = self.transitions.batch(rows)
         draws = torch.rand(len(rows), 2, generator=generator, device=device).cpu().numpy()
         at = rows.cpu().numpy()
         later = draws[:, 0] < self.probability
@@ -210,9 +211,7 @@ class GoalRelabelledTransitions:
         reached = rewards >= self.reward(goal, goal)
         rewards = np.where(reached, rewards / (1.0 - self.discount), rewards)
         as_tensor = lambda x: torch.as_tensor(x, dtype=torch.float32, device=device)  # noqa: E731
-        goal_tensor = as_tensor(goal)
-        observations = observations.clone()
-        next_observations = next_observations.clone()
+        goal_tensor = as_tensor(goal)  # the batch's tensors are its own copies: written in place
         observations[:, self.goals.desired] = goal_tensor
         next_observations[:, self.goals.desired] = goal_tensor
         return (
@@ -220,7 +219,7 @@ class GoalRelabelledTransitions:
             actions,
             as_tensor(self.scale * rewards + self.bias),
             next_observations,
-            as_tensor(reached),
+            torch.maximum(ended, as_tensor(reached)),  # a true termination has no future either
         )
 
 

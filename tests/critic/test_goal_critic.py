@@ -55,13 +55,19 @@ def line_episodes(lengths: list[int], goal: float = 100.0) -> Episodes:
     )
 
 
-def relabelled(episodes: Episodes, probability: float, scale: float = 1.0, bias: float = 0.0):
-    cfg = CriticConfig(discount=DISCOUNT, terminal_penalty=0.0, hidden_dim=8)
-    critic, _ = new_critic(episodes, cfg, [-1.0], [1.0])
+def goal_transitions(
+    critic, episodes: Episodes, probability: float, scale: float = 1.0, bias: float = 0.0
+) -> GoalRelabelledTransitions:
     transitions = critic_transitions(critic, episodes, "cpu")
     return GoalRelabelledTransitions(
         transitions, episodes, GOALS, within_half, probability, DISCOUNT, scale, bias
     )
+
+
+def relabelled(episodes: Episodes, probability: float, scale: float = 1.0, bias: float = 0.0):
+    cfg = CriticConfig(discount=DISCOUNT, terminal_penalty=0.0, hidden_dim=8)
+    critic, _ = new_critic(episodes, cfg, [-1.0], [1.0])
+    return goal_transitions(critic, episodes, probability, scale, bias)
 
 
 def test_a_relabelled_row_is_conditioned_on_a_later_goal_rewarded_and_ended_there():
@@ -116,16 +122,7 @@ def test_a_resumed_critic_draws_the_same_goals_as_one_never_stopped():
     def fresh() -> CriticTrainer:
         torch.manual_seed(0)
         critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
-        transitions = GoalRelabelledTransitions(
-            critic_transitions(critic, episodes, "cpu"),
-            episodes,
-            GOALS,
-            within_half,
-            0.5,
-            DISCOUNT,
-            1.0,
-            0.0,
-        )
+        transitions = goal_transitions(critic, episodes, 0.5)
         return CriticTrainer(critic, policy, transitions, cfg, save=lambda s: None, progress=False)
 
     straight = fresh()
@@ -164,16 +161,7 @@ def test_td_on_hindsight_goals_values_goals_far_along_the_path():
         checkpoint_every=10_000,
     )
     critic, policy = new_critic(episodes, cfg, [-1.0], [1.0])
-    transitions = GoalRelabelledTransitions(
-        critic_transitions(critic, episodes, "cpu"),
-        episodes,
-        GOALS,
-        within_half,
-        1.0,
-        DISCOUNT,
-        1.0,
-        0.0,
-    )
+    transitions = goal_transitions(critic, episodes, 1.0)
     CriticTrainer(critic, policy, transitions, cfg, save=lambda s: None, progress=False).train()
     pairs = torch.tensor([[k, g] for k in range(5) for g in range(k + 1, 7)], dtype=torch.float32)
     observations = torch.stack([pairs[:, 0], pairs[:, 1], pairs[:, 0]], dim=1)

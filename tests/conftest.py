@@ -389,3 +389,8 @@ def synthetic_maze_dataset(dataset_id: str = "test/dict-maze-v0", episodes: int 
         action_bound=1.0,
         act_dim=2,
     )
+
+
+def within_half(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
+    """A sparse goal reward: 1 within 0.5 of the goal."""
+    return (np.abs(achieved - desired)[..., 0] <= 0.5).astype(np.float64)

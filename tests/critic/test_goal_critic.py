@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from conftest import run_module, synthetic_maze_dataset
+from conftest import run_module, synthetic_maze_dataset, within_half
 
 from trajectory_transformer.critic.training import (
     CriticConfig,
@@ -24,11 +24,6 @@ LAYOUT = (("achieved_goal", (1,)), ("desired_goal", (1,)), ("observation", (1,))
 GOALS = GoalLayout.of(LAYOUT)
 DISCOUNT = 0.9
 STAY = 1.0 / (1.0 - DISCOUNT)  # the return of staying at the goal for good: 10
-
-
-def within_half(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
-    """A sparse goal reward: 1 within 0.5 of the goal."""
-    return (np.abs(achieved - desired)[..., 0] <= 0.5).astype(np.float64)
 
 
 def line_episodes(lengths: list[int], goal: float = 100.0) -> Episodes:

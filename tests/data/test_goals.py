@@ -7,6 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import within_half
 
 from trajectory_transformer.data.discretizer import Discretizer
 from trajectory_transformer.data.episodes import Episodes, joint_transitions
@@ -20,11 +21,6 @@ from trajectory_transformer.data.windows import TokenWindows
 
 LAYOUT = (("achieved_goal", (1,)), ("desired_goal", (1,)), ("observation", (1,)))
 GOALS = GoalLayout.of(LAYOUT)
-
-
-def within_half(achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
-    """A sparse goal reward: 1 within 0.5 of the goal."""
-    return (np.abs(achieved - desired)[..., 0] <= 0.5).astype(np.float64)
 
 
 def line_episode(positions: list[float], goal: float) -> Episodes:

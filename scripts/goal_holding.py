@@ -42,6 +42,7 @@ from trajectory_transformer.evaluation.agent import PlanningAgent
 from trajectory_transformer.evaluation.envs import make_vector_env
 from trajectory_transformer.evaluation.loop import evaluate
 from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.planning.waypoints import WaypointAgent
 from trajectory_transformer.scores import normalized_score
 
 COLUMNS = [
@@ -169,8 +170,11 @@ def planner_of(search: list[str]) -> tuple[str, list[str], dict, BeamPlanner | I
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
     if settings.get("agent") == "iql":
-        return checkpoint, overrides, settings, IQLAgent.from_checkpoint(checkpoint, "cpu")
-    planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
+        planner = IQLAgent.from_checkpoint(checkpoint, "cpu")
+    else:
+        planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
+    if (lead := settings.get("waypoint_lead")) is not None:
+        planner = WaypointAgent.of(planner, lead, settings["waypoint_cell"])
     return checkpoint, overrides, settings, planner
 
 
@@ -190,7 +194,7 @@ def add_search_arguments(parser: argparse.ArgumentParser) -> None:
 def measure(search: list[str], episodes: int, radius: float, envs: int = 10) -> list[str]:
     """The row of one search: `checkpoint=<...>` and tt-eval's planner overrides."""
     checkpoint, overrides, settings, planner = planner_of(search)
-    iql = isinstance(planner, IQLAgent)
+    iql = settings.get("agent") == "iql"
     if iql:
         name, bin_width = critic_name(checkpoint), ""
     else:

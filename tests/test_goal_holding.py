@@ -51,6 +51,19 @@ def test_a_model_is_named_by_the_steps_it_was_trained_for(maze_checkpoint):
     assert row[0] == "pointmaze/umaze-v0, 12 bins, discount 0.99, 1,234 steps"
 
 
+def test_a_search_toward_waypoints_plays_them(maze_checkpoint):
+    from trajectory_transformer.planning.waypoints import WaypointAgent
+
+    search = f"checkpoint={maze_checkpoint} planner=maze-hold planner.horizon=2 "
+    search += "planner.beam_width=2 planner.waypoint_lead=0.5"
+    *_, planner = goal_holding.planner_of(search.split())
+    assert isinstance(planner, WaypointAgent) and planner.lead == 0.5
+    assert planner.graph.cell == 0.25  # the preset's
+    (row,) = goal_holding.main(["--search", search, "--episodes", "1", "--envs", "1"])
+    assert row[0] == "pointmaze/umaze-v0, 12 bins, discount 0.99"
+    assert row[1].endswith("`planner.waypoint_lead=0.5`")
+
+
 def test_a_search_names_one_checkpoint():
     with pytest.raises(SystemExit, match="one checkpoint"):
         goal_holding.main(["--search", "planner=maze"])

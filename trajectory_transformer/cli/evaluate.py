@@ -41,6 +41,7 @@ from trajectory_transformer.evaluation import (
     write_video,
 )
 from trajectory_transformer.planning import BeamPlanner
+from trajectory_transformer.planning.waypoints import WaypointAgent
 
 
 def run(cfg: EvaluateConfig) -> dict:
@@ -67,6 +68,8 @@ def run(cfg: EvaluateConfig) -> dict:
         if settings is None:
             source, settings = cfg.checkpoint, OmegaConf.to_container(cfg.planner, resolve=True)
         planner = beam_planner(cfg, source, settings, device, envs)
+    if not behaviour:
+        planner = with_waypoints(cfg, planner)
     info = planner.dataset
     # Settled before any env starts, so that a request that cannot be honoured fails first.
     scores, no_score_reason, warning = reference_scores.resolve(
@@ -192,6 +195,20 @@ def beam_planner(
     return planner
 
 
+def with_waypoints(
+    cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent
+) -> BeamPlanner | IQLAgent | WaypointAgent:
+    """`planner` headed for waypoints on the way to its goal where `planner.waypoint_lead` is
+    set (a beam search reads it from its own settings, a pretrained manifest's among them)."""
+    settings = planner.config if isinstance(planner, BeamPlanner) else cfg.planner
+    if settings.waypoint_lead is None:
+        return planner
+    try:
+        return WaypointAgent.of(planner, settings.waypoint_lead, settings.waypoint_cell)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def iql_agent(cfg: EvaluateConfig, device: torch.device) -> IQLAgent:
     """The IQL policy of the critic checkpoint given as `checkpoint`."""
     if cfg.planner.critic is not None and cfg.planner.critic != cfg.checkpoint:
@@ -213,6 +230,11 @@ def behaviour_agent(cfg: EvaluateConfig):
             f"checkpoint={cfg.checkpoint} plays the dataset's own policy, with no model or "
             "critic; leave planner.agent and planner.critic unset"
         )
+    if cfg.planner.waypoint_lead is not None:
+        raise ConfigError(
+            f"checkpoint={cfg.checkpoint} plays the dataset's own policy, which steers to the "
+            "goal itself; leave planner.waypoint_lead unset"
+        )
     if cfg.eval.save_plots:
         raise ConfigError(
             "eval.save_plots draws a planner's searches; the behaviour policy has none"
@@ -225,15 +247,22 @@ def behaviour_agent(cfg: EvaluateConfig):
     return agent
 
 
-def planner_settings(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> dict:
+def planner_settings(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent | WaypointAgent) -> dict:
     if behaviour_name(cfg.checkpoint) is not None:  # the dataset's policy, its seed's noise
         return {"agent": "behaviour", "seed": cfg.planner.seed}
-    if isinstance(planner, IQLAgent):
-        return {"agent": "iql", "critic": str(Path(cfg.checkpoint).resolve())}
-    return dataclasses.asdict(planner.config)
+    waypoints = isinstance(planner, WaypointAgent)
+    agent = planner.agent if waypoints else planner
+    if not isinstance(agent, IQLAgent):
+        return dataclasses.asdict(agent.config)
+    settings = {"agent": "iql", "critic": str(Path(cfg.checkpoint).resolve())}
+    if waypoints:
+        settings.update(waypoint_lead=planner.lead, waypoint_cell=planner.graph.cell)
+    return settings
 
 
-def evaluation_identity(cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent) -> dict:
+def evaluation_identity(
+    cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent | WaypointAgent
+) -> dict:
     """What decides how an episode plays, for an `EpisodeJournal`: the checkpoint (as it is on
     disk now), the agent's settings and the environment. The number of envs, the device and
     the reference scores are left out: an interrupted evaluation may continue on others."""

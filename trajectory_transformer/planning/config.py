@@ -137,6 +137,15 @@ class PlannerConfig:
     one its action leads to is decoded after the selection, so its copies tie until then.
     None: the search's first action. Needs `plan_every=1`: the plan's later actions were
     searched after another first action."""
+    waypoint_lead: float | None = None
+    """On a goal-conditioned dataset, where the goal is farther than this (in the goal's units)
+    along the shortest way through the cells of the goal space that the data's steps cross,
+    the agent heads for the point that way reaches this far ahead, and for the goal itself
+    from nearer (`planning.waypoints`): a goal near enough for the value to rank plans by.
+    Every agent plays so (the search, `planner=bc`, `planner=iql`); tt-eval builds the cells
+    from the checkpoint's dataset. None: the goal."""
+    waypoint_cell: float = 0.25
+    """With `waypoint_lead`, the width of the cells (in the goal's units)."""
     goal_reward_radius: float | None = None
     """On a goal-conditioned dataset, the distance from its goal within which a planned
     position earns a reward of 1, in place of the model's expected reward token (a sparse goal
@@ -206,7 +215,7 @@ class PlannerConfig:
             raise ValueError(
                 f"planner.cuda_graph must be none, step or search, got {self.cuda_graph!r}"
             )
-        for name in ("goal_radius", "goal_reward_radius"):
+        for name in ("goal_radius", "goal_reward_radius", "waypoint_lead"):
             radius = getattr(self, name)
             if radius is not None and radius <= 0.0:
                 raise ValueError(f"planner.{name} must be positive or None, got {radius}")
@@ -224,6 +233,8 @@ class PlannerConfig:
                 "samples none (planner.deterministic=true or planner.k_act=1); sample actions, "
                 "or leave planner.goal_radius=null"
             )
+        if self.waypoint_cell <= 0.0:
+            raise ValueError(f"planner.waypoint_cell must be positive, got {self.waypoint_cell}")
         if self.goal_lookahead <= 0.0:
             raise ValueError(f"planner.goal_lookahead must be positive, got {self.goal_lookahead}")
         if self.goal_velocity is not None:

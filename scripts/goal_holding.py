@@ -169,10 +169,10 @@ def planner_of(search: list[str]) -> tuple[str, list[str], dict, BeamPlanner | I
     checkpoint = given[0].partition("=")[2]
     overrides = [item for item in search if item not in given]
     settings = planner_settings([f"checkpoint={checkpoint}", *overrides])
-    if settings.get("agent") == "iql":
-        planner = IQLAgent.from_checkpoint(checkpoint, "cpu")
-    else:
+    if settings.get("agent") != "iql":
         planner = BeamPlanner.from_checkpoint(checkpoint, device=torch.device("cpu"), **settings)
+        return checkpoint, overrides, settings, planner  # heads for waypoints where set
+    planner = IQLAgent.from_checkpoint(checkpoint, "cpu")
     if (lead := settings.get("waypoint_lead")) is not None:
         planner = WaypointAgent.of(planner, lead, settings["waypoint_cell"])
     return checkpoint, overrides, settings, planner

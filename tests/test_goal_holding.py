@@ -52,13 +52,11 @@ def test_a_model_is_named_by_the_steps_it_was_trained_for(maze_checkpoint):
 
 
 def test_a_search_toward_waypoints_plays_them(maze_checkpoint):
-    from trajectory_transformer.planning.waypoints import WaypointAgent
-
     search = f"checkpoint={maze_checkpoint} planner=maze-hold planner.horizon=2 "
     search += "planner.beam_width=2 planner.waypoint_lead=0.5"
     *_, planner = goal_holding.planner_of(search.split())
-    assert isinstance(planner, WaypointAgent) and planner.lead == 0.5
-    assert planner.graph.cell == 0.25  # the preset's
+    assert planner.config.waypoint_lead == 0.5
+    assert planner.waypoints.cell == 0.25  # the default cells
     (row,) = goal_holding.main(["--search", search, "--episodes", "1", "--envs", "1"])
     assert row[0] == "pointmaze/umaze-v0, 12 bins, discount 0.99"
     assert row[1].endswith("`planner.waypoint_lead=0.5`")
@@ -107,6 +105,7 @@ def test_a_critics_iql_policy_plays_named_by_its_hindsight_goals(maze_checkpoint
     from trajectory_transformer.critic.model import build_critic_payload
     from trajectory_transformer.critic.training import CriticConfig, new_critic
     from trajectory_transformer.data.minari_source import load_episodes
+    from trajectory_transformer.planning.waypoints import WaypointAgent
 
     episodes, info = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
     critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
@@ -120,3 +119,10 @@ def test_a_critics_iql_policy_plays_named_by_its_hindsight_goals(maze_checkpoint
     assert overrides == "`planner=iql`" and bin_width == ""
     assert reached.endswith("of 2") and "±" in score
     assert near == error == away == away_error == ""  # no plan: no predicted step
+
+    # Headed for waypoints, the policy is wrapped: it has no planner settings of its own.
+    search += " planner.waypoint_lead=0.5"
+    *_, agent = goal_holding.planner_of(search.split())
+    assert isinstance(agent, WaypointAgent) and agent.lead == 0.5
+    (row,) = goal_holding.main(["--search", search, "--episodes", "1", "--envs", "1"])
+    assert row[1] == "`planner=iql`, `planner.waypoint_lead=0.5`"

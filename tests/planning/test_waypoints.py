@@ -9,11 +9,17 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from conftest import run_module
 
 from trajectory_transformer.data.goals import GoalLayout
-from trajectory_transformer.planning import PlannerConfig
-from trajectory_transformer.planning.waypoints import WaypointAgent, WaypointGraph
+from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.planning import BeamPlanner, PlannerConfig
+from trajectory_transformer.planning.waypoints import (
+    WaypointAgent,
+    WaypointGraph,
+    head_for_waypoints,
+)
 
 # A corridor round a wall, one cell wide, walked from cell centre to cell centre: along the
 # bottom row (y 0.5) from x 0.5 to 4.5, up to y 2.5, and back along the top row to x 0.5. The
@@ -135,6 +141,35 @@ def test_the_agent_sees_waypoints_in_place_of_far_goals():
     np.testing.assert_array_equal(np.delete(seen[0], [2, 3]), np.delete(given[0], [2, 3]))
     assert inner.calls == [("reset", 2, 7), ("observe", [0.0, 1.0], [False, True])]
     agent.reset_env(0, seed=3)  # the inner agent has none: nothing to pass on
+
+
+def test_the_search_plans_from_the_waypoint(maze_checkpoint):
+    """`planner.waypoint_lead` plans as the same search given the waypoint for the goal."""
+    settings = {"horizon": 2, "beam_width": 2, "context_transitions": 1}
+    headed = BeamPlanner.from_checkpoint(maze_checkpoint, **settings, waypoint_lead=0.3)
+    plain = BeamPlanner.from_checkpoint(maze_checkpoint, **settings)
+    goals = headed.goals
+    episodes, _ = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
+    observations = episodes.observations[[0, 1]]  # an episode's start, its goal far away
+    heading = head_for_waypoints(observations, headed.waypoints, goals, 0.3)
+    moved = np.linalg.norm(heading[:, goals.desired] - observations[:, goals.desired], axis=1)
+    assert (moved > 0.1).all()
+    np.testing.assert_array_equal(
+        np.delete(heading, goals.desired, 1), np.delete(observations, goals.desired, 1)
+    )
+    for planner in (headed, plain):
+        planner.reset(2, seed=0)
+    for kept, given in zip(
+        headed.context_tokens(observations), plain.context_tokens(heading), strict=True
+    ):
+        assert torch.equal(kept, given)
+    np.testing.assert_allclose(headed.act(observations), plain.act(heading), atol=1e-6)
+
+
+def test_a_model_without_goals_is_refused_waypoints(tiny_checkpoint):
+    settings = {"horizon": 2, "context_transitions": 1, "waypoint_lead": 1.0}
+    with pytest.raises(ValueError, match=r"leave planner\.waypoint_lead=null"):
+        BeamPlanner.from_checkpoint(tiny_checkpoint, **settings)
 
 
 @pytest.mark.parametrize(

@@ -199,12 +199,11 @@ def with_waypoints(
     cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent
 ) -> BeamPlanner | IQLAgent | WaypointAgent:
     """`planner` headed for waypoints on the way to its goal where `planner.waypoint_lead` is
-    set (a beam search reads it from its own settings, a pretrained manifest's among them)."""
-    settings = planner.config if isinstance(planner, BeamPlanner) else cfg.planner
-    if settings.waypoint_lead is None:
+    set: a beam search heads for them itself, a critic's policy is wrapped."""
+    if isinstance(planner, BeamPlanner) or cfg.planner.waypoint_lead is None:
         return planner
     try:
-        return WaypointAgent.of(planner, settings.waypoint_lead, settings.waypoint_cell)
+        return WaypointAgent.of(planner, cfg.planner.waypoint_lead, cfg.planner.waypoint_cell)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

@@ -54,6 +54,7 @@ from trajectory_transformer.model.kv_cache import SharedPrefixKVCache
 from trajectory_transformer.planning.config import PlannerConfig, goal_velocity_columns
 from trajectory_transformer.planning.plan import Plan, build_plan, critic_q
 from trajectory_transformer.planning.sampling import SearchNoise, sample_tokens
+from trajectory_transformer.planning.waypoints import WaypointGraph, head_for_waypoints
 
 if TYPE_CHECKING:
     import os
@@ -181,6 +182,7 @@ class BeamPlanner:
         self.critic = self._critic(critic_network)
         self.goals = self._goal_layout()
         self.goal_velocity = self._goal_velocity()
+        self.waypoints = self._waypoints()
         self.config = self._with_discount(self.config)
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
@@ -231,11 +233,11 @@ class BeamPlanner:
         return network.to(self.device).eval()
 
     def _goal_layout(self) -> GoalLayout | None:
-        """Where `goal_radius` and `goal_reward_radius` read the goal and the position in an
-        observation."""
+        """Where `goal_radius`, `goal_reward_radius` and `waypoint_lead` read the goal and the
+        position in an observation."""
         named = [
             name
-            for name in ("goal_radius", "goal_reward_radius")
+            for name in ("goal_radius", "goal_reward_radius", "waypoint_lead")
             if getattr(self.config, name) is not None
         ]
         if not named:
@@ -250,6 +252,25 @@ class BeamPlanner:
                 f"achieved_goal and desired_goal, and this model's observations have {keys}; "
                 f"leave planner.{named[0]}=null"
             ) from None
+
+    def _waypoints(self) -> WaypointGraph | None:
+        """With `waypoint_lead`, the cells of the model's dataset that `act` finds the ways to
+        far goals through (None without it)."""
+        if self.config.waypoint_lead is None:
+            return None  # else `_goal_layout` has found the goals in the dataset's layout
+        graph, _ = WaypointGraph.of_dataset(self.dataset, self.config.waypoint_cell)
+        return graph
+
+    def _heading(self, observations: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+        """`observations` with each goal farther than `waypoint_lead` replaced by its waypoint
+        (unchanged without `waypoint_lead`)."""
+        if self.waypoints is None:
+            return observations
+        if isinstance(observations, torch.Tensor):
+            observations = observations.cpu().numpy()
+        observations = np.asarray(observations, dtype=np.float32)
+        lead = self.config.waypoint_lead
+        return head_for_waypoints(observations, self.waypoints, self.goals, lead)
 
     def _goal_velocity(self) -> slice | None:
         """The observation's columns that `goal_velocity` names (None without it), one for
@@ -453,7 +474,7 @@ class BeamPlanner:
         """
         if self._pending_envs.any() or self._skipped.any():
             raise RuntimeError("act() was called twice; call observe(rewards, dones) in between")
-        obs = self._as_batch(observations)
+        obs = self._as_batch(self._heading(observations))
         mask = self._mask(active)
         self._skipped = mask & self._resetting
         mask = mask & ~self._resetting
@@ -544,8 +565,9 @@ class BeamPlanner:
         return self.discretizer.encode(obs, slice(0, self.observation_dim))  # (E, O)
 
     def context_tokens(self, observations: np.ndarray | torch.Tensor) -> list[torch.Tensor]:
-        """Each env's planning context, 1-D: its kept real transitions, then the observation."""
-        obs = self._encode_observations(self._as_batch(observations))
+        """Each env's planning context, 1-D: its kept real transitions, then the observation
+        (headed for its waypoint, as `act` plans from it)."""
+        obs = self._encode_observations(self._as_batch(self._heading(observations)))
         K = self.config.context_transitions
         return [
             torch.cat([self._context[e, K - int(n) :].reshape(-1), obs[e]])
@@ -554,7 +576,7 @@ class BeamPlanner:
 
     def context_values(self, observations: np.ndarray | torch.Tensor) -> list[torch.Tensor]:
         """The real values of `context_tokens`: what a model with value inputs is given."""
-        obs = self._as_batch(observations)
+        obs = self._as_batch(self._heading(observations))
         K = self.config.context_transitions
         return [
             torch.cat([self._context_values[e, K - int(n) :].reshape(-1), obs[e]])

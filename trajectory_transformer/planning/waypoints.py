@@ -19,7 +19,7 @@ import numpy as np
 
 from trajectory_transformer.data.episodes import Episodes
 from trajectory_transformer.data.goals import GoalLayout
-from trajectory_transformer.data.minari_source import load_episodes
+from trajectory_transformer.data.minari_source import DatasetInfo, load_episodes
 
 
 class WaypointGraph:
@@ -59,6 +59,23 @@ class WaypointGraph:
     def of(cls, episodes: Episodes, goals: GoalLayout, cell: float) -> WaypointGraph:
         """The graph of a goal-conditioned dataset's achieved goals."""
         return cls(episodes.observations[:, goals.achieved], episodes.lengths, cell)
+
+    @classmethod
+    def of_dataset(cls, info: DatasetInfo, cell: float) -> tuple[WaypointGraph, GoalLayout]:
+        """The graph of the dataset `info` describes (a model's or a critic's), loaded by its
+        id, and where its observations hold the goals; refused in a line that says what to
+        do where they hold none."""
+        keys = [key for key, _ in info.observation_layout or ()]
+        if "achieved_goal" not in keys or "desired_goal" not in keys:
+            found = "a flat Box" if info.observation_layout is None else f"the keys {keys}"
+            raise ValueError(
+                "planner.waypoint_lead heads for points on the way to the goal, read from Dict "
+                f"observations' achieved_goal and desired_goal, and {info.dataset_id}'s "
+                f"observations have {found}; leave planner.waypoint_lead=null"
+            )
+        goals = GoalLayout.of(info.observation_layout)
+        episodes, _ = load_episodes(info.dataset_id)
+        return cls.of(episodes, goals, cell), goals
 
     @property
     def num_cells(self) -> int:
@@ -108,9 +125,22 @@ class WaypointGraph:
         return self.centres[node].astype(np.asarray(goal).dtype)
 
 
+def head_for_waypoints(
+    observations: np.ndarray, graph: WaypointGraph, goals: GoalLayout, lead: float
+) -> np.ndarray:
+    """A copy of `observations` (E, O) with each desired goal replaced by `graph`'s waypoint
+    toward it from the row's achieved goal, `lead` ahead."""
+    heading = np.array(observations, copy=True)
+    for row in heading:
+        row[goals.desired] = graph.waypoint(row[goals.achieved], row[goals.desired], lead)
+    return heading
+
+
 class WaypointAgent:
     """An agent (`evaluation.Agent`) that plays `agent` with each observation's desired goal
-    replaced by `graph`'s waypoint toward it, `lead` ahead; everything else is `agent`'s."""
+    replaced by `graph`'s waypoint toward it, `lead` ahead; everything else is `agent`'s. For a
+    policy of its own, such as a critic's (`planner=iql`): `BeamPlanner` heads for waypoints
+    itself, with `planner.waypoint_lead`."""
 
     def __init__(self, agent, graph: WaypointGraph, goals: GoalLayout, lead: float) -> None:
         if lead <= 0.0:
@@ -119,28 +149,10 @@ class WaypointAgent:
 
     @classmethod
     def of(cls, agent, lead: float, cell: float) -> WaypointAgent:
-        """`agent` (a planner or a policy with a `dataset`, its `DatasetInfo`) headed for
-        waypoints through the cells of its own dataset's achieved goals."""
-        info = agent.dataset
-        keys = [key for key, _ in info.observation_layout or ()]
-        if "achieved_goal" not in keys or "desired_goal" not in keys:
-            found = "a flat Box" if info.observation_layout is None else f"the keys {keys}"
-            raise ValueError(
-                "planner.waypoint_lead heads for points on the way to the goal, found in Dict "
-                "observations' achieved_goal and desired_goal, and this agent's dataset "
-                f"({info.dataset_id}) has {found}; leave planner.waypoint_lead=null"
-            )
-        goals = GoalLayout.of(info.observation_layout)
-        episodes, _ = load_episodes(info.dataset_id)
-        return cls(agent, WaypointGraph.of(episodes, goals, cell), goals, lead)
-
-    def waypoints(self, observations: np.ndarray) -> np.ndarray:
-        """`observations` (E, O) with each desired goal replaced by its waypoint."""
-        achieved, desired = self.goals.achieved, self.goals.desired
-        heading = np.array(observations, copy=True)
-        for row in heading:
-            row[desired] = self.graph.waypoint(row[achieved], row[desired], self.lead)
-        return heading
+        """`agent` (a policy with a `dataset`, its `DatasetInfo`) headed for waypoints through
+        the cells of its own dataset's achieved goals."""
+        graph, goals = WaypointGraph.of_dataset(agent.dataset, cell)
+        return cls(agent, graph, goals, lead)
 
     def reset(self, num_envs: int, seed: int | None = None) -> None:
         self.agent.reset(num_envs, seed)
@@ -150,16 +162,13 @@ class WaypointAgent:
             self.agent.reset_env(env, seed)
 
     def act(self, observations: np.ndarray, active: np.ndarray | None = None) -> np.ndarray:
-        return self.agent.act(self.waypoints(observations), active)
+        heading = head_for_waypoints(observations, self.graph, self.goals, self.lead)
+        return self.agent.act(heading, active)
 
     def observe(self, rewards: np.ndarray, dones: np.ndarray) -> None:
         self.agent.observe(rewards, dones)
 
-    def context_tokens(self, observations) -> list:
-        """The wrapped planner's context for `observations`, headed for their waypoints."""
-        return self.agent.context_tokens(self.waypoints(np.asarray(observations)))
-
-    def __getattr__(self, name: str):  # dataset, last_plan, config, model, ...
+    def __getattr__(self, name: str):  # dataset, config, ...
         if name == "agent":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self.agent, name)

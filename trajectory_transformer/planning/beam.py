@@ -182,7 +182,7 @@ class BeamPlanner:
         self.critic = self._critic(critic_network)
         self.goals = self._goal_layout()
         self.goal_velocity = self._goal_velocity()
-        self.waypoints = self._waypoints()
+        self._waypoint_graph: WaypointGraph | None = None  # built at the first use
         self.config = self._with_discount(self.config)
         # Device-held positions: a decode step reads its position without a host sync.
         self._positions = torch.arange(gpt.block_size, device=self.device)
@@ -253,24 +253,28 @@ class BeamPlanner:
                 f"leave planner.{named[0]}=null"
             ) from None
 
-    def _waypoints(self) -> WaypointGraph | None:
-        """With `waypoint_lead`, the cells of the model's dataset that `act` finds the ways to
-        far goals through (None without it)."""
-        if self.config.waypoint_lead is None:
-            return None  # else `_goal_layout` has found the goals in the dataset's layout
-        graph, _ = WaypointGraph.of_dataset(self.dataset, self.config.waypoint_cell)
-        return graph
+    @property
+    def waypoints(self) -> WaypointGraph | None:
+        """With `waypoint_lead`, the cells of the model's dataset through which `act` finds
+        the ways to far goals (None without it); loaded at the first use, so that a planner
+        that never acts needs no dataset."""
+        if self.config.waypoint_lead is not None and self._waypoint_graph is None:
+            # `_goal_layout` has found the goals in the dataset's layout.
+            cell = self.config.waypoint_cell
+            self._waypoint_graph, _ = WaypointGraph.of_dataset(self.dataset, cell)
+        return self._waypoint_graph
 
     def _heading(self, observations: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
         """`observations` with each goal farther than `waypoint_lead` replaced by its waypoint
         (unchanged without `waypoint_lead`)."""
-        if self.waypoints is None:
+        graph = self.waypoints
+        if graph is None:
             return observations
         if isinstance(observations, torch.Tensor):
             observations = observations.cpu().numpy()
         observations = np.asarray(observations, dtype=np.float32)
         lead = self.config.waypoint_lead
-        return head_for_waypoints(observations, self.waypoints, self.goals, lead)
+        return head_for_waypoints(observations, graph, self.goals, lead)
 
     def _goal_velocity(self) -> slice | None:
         """The observation's columns that `goal_velocity` names (None without it), one for

@@ -226,3 +226,33 @@ def test_tt_eval_plays_toward_waypoints(tmp_path, maze_checkpoint, tiny_checkpoi
     )
     assert behaviour.returncode == 2
     assert "leave planner.waypoint_lead unset" in behaviour.stderr
+
+
+def test_tt_eval_heads_a_critics_policy_for_waypoints(tmp_path, maze_checkpoint):
+    from trajectory_transformer.checkpoint import save_atomic
+    from trajectory_transformer.critic.model import build_critic_payload
+    from trajectory_transformer.critic.training import CriticConfig, new_critic
+
+    episodes, info = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
+    critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
+    path = tmp_path / "critic.pt"
+    save_atomic(build_critic_payload(critic, policy, info, {}, {"step": 1}), path)
+    played = run_module(
+        "trajectory_transformer.cli.evaluate",
+        f"checkpoint={path}",
+        "planner=iql",
+        "planner.waypoint_lead=0.5",
+        "eval.episodes=1",
+        "eval.max_episode_steps=5",
+        "eval.progress=false",
+        "device=cpu",
+        f"hydra.run.dir={tmp_path / 'eval'}",
+    )
+    assert played.returncode == 0, played.stderr
+    settings = json.loads((tmp_path / "eval" / "results.json").read_text())["settings"]
+    assert settings["planner"] == {
+        "agent": "iql",
+        "critic": str(path.resolve()),
+        "waypoint_lead": 0.5,
+        "waypoint_cell": 0.25,
+    }

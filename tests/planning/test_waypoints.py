@@ -166,6 +166,15 @@ def test_the_search_plans_from_the_waypoint(maze_checkpoint):
     np.testing.assert_allclose(headed.act(observations), plain.act(heading), atol=1e-6)
 
 
+def test_a_dataset_without_goals_has_no_waypoints(tiny_dataset):
+    _, info = load_episodes("test/tiny-v0")
+    with pytest.raises(
+        ValueError,
+        match=r"test/tiny-v0.s observations have a flat Box; leave planner\.waypoint_lead",
+    ):
+        WaypointGraph.of_dataset(info, 0.25)
+
+
 def test_a_model_without_goals_is_refused_waypoints(tiny_checkpoint):
     settings = {"horizon": 2, "context_transitions": 1, "waypoint_lead": 1.0}
     with pytest.raises(ValueError, match=r"leave planner\.waypoint_lead=null"):

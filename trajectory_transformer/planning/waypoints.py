@@ -3,11 +3,12 @@
 A goal-conditioned model's value ranks plans well within a few dozen steps of its goal and
 hardly at all hundreds of steps away, where a plan of a few steps changes the discounted
 chance of arriving by less than the model's error. `WaypointGraph` joins the cells of the goal
-space between which the data's consecutive steps move, and `WaypointAgent` hands the agent it
-wraps, in place of a goal farther than `lead`, the point that the shortest way there through
-those cells reaches `lead` ahead: a goal near enough to plan toward, which moves on as the agent
-does. The graph is the data's own steps, so it goes only where the data went (round walls, in a
-maze) and needs no map: search on the replay buffer (Eysenbach et al., 2019) with the data's
+space between which the data's consecutive steps move, and `head_for_waypoints` gives an agent,
+in place of a goal farther than `lead`, the point that the shortest way there through those
+cells reaches `lead` ahead: a goal near enough to plan toward, which moves on as the agent
+does. `BeamPlanner` heads so itself (`planner.waypoint_lead`); `WaypointAgent` wraps any other
+agent. The graph is the data's own steps, so it goes only where the data went (round walls, in
+a maze) and needs no map: search on the replay buffer (Eysenbach et al., 2019) with the data's
 transitions for edges in place of a learned distance.
 """
 
@@ -65,15 +66,16 @@ class WaypointGraph:
         """The graph of the dataset `info` describes (a model's or a critic's), loaded by its
         id, and where its observations hold the goals; refused in a line that says what to
         do where they hold none."""
-        keys = [key for key, _ in info.observation_layout or ()]
-        if "achieved_goal" not in keys or "desired_goal" not in keys:
-            found = "a flat Box" if info.observation_layout is None else f"the keys {keys}"
+        layout = info.observation_layout
+        try:
+            goals = GoalLayout.of(layout)
+        except ValueError:
+            found = "a flat Box" if layout is None else f"the keys {[k for k, _ in layout]}"
             raise ValueError(
                 "planner.waypoint_lead heads for points on the way to the goal, read from Dict "
                 f"observations' achieved_goal and desired_goal, and {info.dataset_id}'s "
                 f"observations have {found}; leave planner.waypoint_lead=null"
-            )
-        goals = GoalLayout.of(info.observation_layout)
+            ) from None
         episodes, _ = load_episodes(info.dataset_id)
         return cls.of(episodes, goals, cell), goals
 

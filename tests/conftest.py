@@ -186,6 +186,20 @@ def untrained_checkpoint(path, dataset_id: str):
     return save_atomic(payload, path)
 
 
+def untrained_critic(path, dataset_id: str, config: dict | None = None, step: int = 1):
+    """An untrained IQL critic of the Minari dataset `dataset_id` (2-D actions in [-1, 1]), as
+    tt-train-critic writes it, with the run config `config` and `step` training steps."""
+    from trajectory_transformer.checkpoint import save_atomic
+    from trajectory_transformer.critic.model import build_critic_payload
+    from trajectory_transformer.critic.training import CriticConfig, new_critic
+    from trajectory_transformer.data.minari_source import load_episodes
+
+    episodes, info = load_episodes(dataset_id)
+    critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
+    payload = build_critic_payload(critic, policy, info, config or {}, {"step": step})
+    return save_atomic(payload, path)
+
+
 @pytest.fixture
 def tiny_checkpoint(tmp_path, tiny_dataset):
     """An untrained checkpoint of `test/tiny-v0` (Pendulum-v1 spaces), as tt-train writes it."""

@@ -6,6 +6,7 @@ import goal_holding  # scripts/, on pytest's path
 import numpy as np
 import pytest
 import torch
+from conftest import untrained_critic
 
 
 def test_an_episode_that_stayed_from_its_first_arrival_counts_every_step_after_it():
@@ -101,17 +102,11 @@ def test_a_model_trained_on_windows_that_reach_their_goals_says_so():
 
 
 def test_a_critics_iql_policy_plays_named_by_its_hindsight_goals(maze_checkpoint, tmp_path):
-    from trajectory_transformer.checkpoint import save_atomic
-    from trajectory_transformer.critic.model import build_critic_payload
-    from trajectory_transformer.critic.training import CriticConfig, new_critic
-    from trajectory_transformer.data.minari_source import load_episodes
     from trajectory_transformer.planning.waypoints import WaypointAgent
 
-    episodes, info = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
-    critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
     path = tmp_path / "critic.pt"
     config = {"critic": {"relabel_goals": 0.8}, "seed": 3}
-    save_atomic(build_critic_payload(critic, policy, info, config, {"step": 500}), path)
+    untrained_critic(path, "pointmaze/umaze-v0", config, step=500)  # maze_checkpoint built it
     search = f"checkpoint={path} planner=iql"
     (row,) = goal_holding.main(["--search", search, "--episodes", "2", "--envs", "2"])
     name, overrides, bin_width, score, reached, *_, near, error, away, away_error = row

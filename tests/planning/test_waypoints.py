@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import run_module
+from conftest import run_module, untrained_critic
 
 from trajectory_transformer.data.goals import GoalLayout
 from trajectory_transformer.data.minari_source import load_episodes
@@ -238,14 +238,8 @@ def test_tt_eval_plays_toward_waypoints(tmp_path, maze_checkpoint, tiny_checkpoi
 
 
 def test_tt_eval_heads_a_critics_policy_for_waypoints(tmp_path, maze_checkpoint):
-    from trajectory_transformer.checkpoint import save_atomic
-    from trajectory_transformer.critic.model import build_critic_payload
-    from trajectory_transformer.critic.training import CriticConfig, new_critic
-
-    episodes, info = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
-    critic, policy = new_critic(episodes, CriticConfig(hidden_dim=8), [-1.0] * 2, [1.0] * 2)
     path = tmp_path / "critic.pt"
-    save_atomic(build_critic_payload(critic, policy, info, {}, {"step": 1}), path)
+    untrained_critic(path, "pointmaze/umaze-v0")  # maze_checkpoint built it
     played = run_module(
         "trajectory_transformer.cli.evaluate",
         f"checkpoint={path}",

@@ -56,7 +56,7 @@ def run(cfg: EvaluateConfig) -> dict:
     if behaviour:
         planner = behaviour_agent(cfg)
     elif cfg.planner.agent == "iql":
-        planner = iql_agent(cfg, device)
+        planner = with_waypoints(cfg, iql_agent(cfg, device))
     else:
         source = cfg.checkpoint
         try:  # a run dir: its model.pt; pretrained:<dataset id>: that checkpoint
@@ -67,9 +67,7 @@ def run(cfg: EvaluateConfig) -> dict:
         manifest_planner = settings is not None
         if settings is None:
             source, settings = cfg.checkpoint, OmegaConf.to_container(cfg.planner, resolve=True)
-        planner = beam_planner(cfg, source, settings, device, envs)
-    if not behaviour:
-        planner = with_waypoints(cfg, planner)
+        planner = beam_planner(cfg, source, settings, device, envs)  # heads for waypoints itself
     info = planner.dataset
     # Settled before any env starts, so that a request that cannot be honoured fails first.
     scores, no_score_reason, warning = reference_scores.resolve(
@@ -195,15 +193,13 @@ def beam_planner(
     return planner
 
 
-def with_waypoints(
-    cfg: EvaluateConfig, planner: BeamPlanner | IQLAgent
-) -> BeamPlanner | IQLAgent | WaypointAgent:
-    """`planner` headed for waypoints on the way to its goal where `planner.waypoint_lead` is
-    set: a beam search heads for them itself, a critic's policy is wrapped."""
-    if isinstance(planner, BeamPlanner) or cfg.planner.waypoint_lead is None:
-        return planner
+def with_waypoints(cfg: EvaluateConfig, policy: IQLAgent) -> IQLAgent | WaypointAgent:
+    """A critic's `policy` headed for waypoints on the way to its goal where
+    `planner.waypoint_lead` is set (a beam search heads for them itself)."""
+    if cfg.planner.waypoint_lead is None:
+        return policy
     try:
-        return WaypointAgent.of(planner, cfg.planner.waypoint_lead, cfg.planner.waypoint_cell)
+        return WaypointAgent.of(policy, cfg.planner.waypoint_lead, cfg.planner.waypoint_cell)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

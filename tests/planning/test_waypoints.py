@@ -4,8 +4,10 @@ agent that hands them to the agent it wraps."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -173,6 +175,17 @@ def test_a_dataset_without_goals_has_no_waypoints(tiny_dataset):
         match=r"test/tiny-v0.s observations have a flat Box; leave planner\.waypoint_lead",
     ):
         WaypointGraph.of_dataset(info, 0.25)
+
+
+def test_waypoints_from_other_data_than_the_agents_warn(maze_checkpoint):
+    _, info = load_episodes("pointmaze/umaze-v0")  # maze_checkpoint built it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        WaypointGraph.of_dataset(info, 0.25)  # the same data: silent
+    other = dataclasses.replace(info, fingerprint="0" * 16)
+    with pytest.warns(UserWarning, match=r"not the data the model or critic was trained on"):
+        graph, _ = WaypointGraph.of_dataset(other, 0.25)
+    assert graph.num_cells > 0  # still built: the paths run through the same maze
 
 
 def test_a_model_without_goals_is_refused_waypoints(tiny_checkpoint):

@@ -15,6 +15,7 @@ transitions for edges in place of a learned distance.
 from __future__ import annotations
 
 import heapq
+import warnings
 
 import numpy as np
 
@@ -76,7 +77,18 @@ class WaypointGraph:
                 f"observations' achieved_goal and desired_goal, and {info.dataset_id}'s "
                 f"observations have {found}; leave planner.waypoint_lead=null"
             ) from None
-        episodes, _ = load_episodes(info.dataset_id)
+        episodes, loaded = load_episodes(info.dataset_id)
+        trained, here = info.fingerprint, loaded.fingerprint
+        if trained is not None and here is not None and trained != here:
+            # Warned, not refused: an embedded dataset rebuilt on another machine may differ
+            # in its last bits, and its paths still run through the same maze.
+            warnings.warn(
+                f"the waypoints come from {info.dataset_id} as it is on this machine (content "
+                f"{here}), not the data the model or critic was trained on ({trained}): its "
+                "ways to the goal may differ from the ones the agent learned",
+                UserWarning,
+                stacklevel=2,
+            )
         return cls.of(episodes, goals, cell), goals
 
     @property

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -146,6 +147,29 @@ def test_maze_figure_draws_the_walls_the_beams_and_the_path(maze_checkpoint, tmp
     taken = ax.lines[-3].get_xydata()
     assert len(taken) == len(record) + 1
     assert "maze_plans.png" in [p.name for p in viz.save_episode_figures(record, planner, tmp_path)]
+
+
+def test_maze_figure_marks_each_searchs_waypoint(maze_checkpoint):
+    planner = BeamPlanner.from_checkpoint(
+        maze_checkpoint, beam_width=2, horizon=2, context_transitions=1, waypoint_lead=0.5
+    )
+    thunk = make_env(planner.dataset, max_episode_steps=6)
+    record = record_episode(planner, thunk, seed=0, plan_steps=(0, 3))
+    (ax,) = viz.plot_maze_plans(record, planner.dataset, planner=planner).axes
+    marks = [line for line in ax.lines if line.get_label().startswith("waypoint at")]
+    assert [line.get_label() for line in marks] == ["waypoint at 0", "waypoint at 3"]
+    goals = planner.goals
+    for step, line in zip((0, 3), marks, strict=True):
+        observation = np.asarray(record.observations[step])
+        expected = planner.waypoints.waypoint(
+            observation[goals.achieved], observation[goals.desired], 0.5
+        )
+        np.testing.assert_allclose(line.get_xydata()[0], expected)
+    first = np.asarray(record.observations[0])
+    assert not np.allclose(marks[0].get_xydata()[0], first[goals.desired])  # a far goal
+    # Without waypoints, or without the planner, no marks.
+    (plain,) = viz.plot_maze_plans(record, planner.dataset).axes
+    assert not [line for line in plain.lines if line.get_label().startswith("waypoint")]
 
 
 def test_maze_walls_are_drawn_in_the_envs_own_coordinates():

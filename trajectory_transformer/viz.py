@@ -354,12 +354,17 @@ def draw_maze_walls(ax: Axes, maze_map: list[list]) -> tuple[float, float, float
 
 
 def plot_maze_plans(
-    record: EpisodeRecord, dataset: DatasetInfo, steps: Sequence[int] | None = None
+    record: EpisodeRecord,
+    dataset: DatasetInfo,
+    steps: Sequence[int] | None = None,
+    planner: BeamPlanner | None = None,
 ) -> Figure:
     """A maze episode seen from above: the walls, the beams of the searches kept at `steps`
     (default: every kept one) as the positions they imagined (thin; the chosen plan thick, one
     colour per search), the path actually taken (black, from the start's circle) and the goal
-    (star). A plan's first position is the real one it started from."""
+    (star). A plan's first position is the real one it started from. Given the `planner` that
+    played the episode, where it heads for waypoints (`planner.waypoint_lead`), each kept
+    search's waypoint is a cross in its colour: the goal that search planned toward."""
     maze = maze_of(dataset)
     if maze is None:
         raise ValueError(
@@ -380,6 +385,11 @@ def plot_maze_plans(
             ax.plot(beam[:, 0], beam[:, 1], color=colour, lw=0.6, alpha=0.35)
         chosen = beams[snapshot.best]
         ax.plot(chosen[:, 0], chosen[:, 1], color=colour, lw=2.2, label=f"plans at step {step}")
+        if planner is not None and planner.waypoints is not None:
+            observation, goals = np.asarray(record.observations[step]), planner.goals
+            position, desired = observation[goals.achieved], observation[goals.desired]
+            waypoint = planner.waypoints.waypoint(position, desired, planner.config.waypoint_lead)
+            ax.plot(*waypoint, "X", color=colour, ms=9, mec="black", label=f"waypoint at {step}")
     path = np.asarray(record.observations)[:, point]
     ax.plot(path[:, 0], path[:, 1], color=REAL_COLOUR, lw=1.4, label="path taken")
     ax.plot(*path[0], "o", color=REAL_COLOUR, ms=7, mfc="white", label="start")
@@ -438,7 +448,7 @@ def save_episode_figures(
         )
         figures[f"plan_step{step}_scores"] = plot_beam_scores(snapshot)
     if planner.dataset is not None and maze_of(planner.dataset) is not None:
-        figures["maze_plans"] = plot_maze_plans(record, planner.dataset)
+        figures["maze_plans"] = plot_maze_plans(record, planner.dataset, planner=planner)
     paths = []
     for name, fig in figures.items():
         paths.append(directory / f"{name}.png")
